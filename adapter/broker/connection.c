@@ -1,0 +1,141 @@
+/*
+ * connection — see connection.h.
+ */
+#include "broker/connection.h"
+
+#include <amqp_ssl_socket.h>
+#include <amqp_tcp_socket.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+const char *broker_describe_reply(amqp_rpc_reply_t reply, char *buf, size_t len)
+{
+    switch (reply.reply_type) {
+    case AMQP_RESPONSE_NORMAL:
+        snprintf(buf, len, "ok");
+        break;
+    case AMQP_RESPONSE_NONE:
+        snprintf(buf, len, "missing RPC reply");
+        break;
+    case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+        snprintf(buf, len, "%s", amqp_error_string2(reply.library_error));
+        break;
+    case AMQP_RESPONSE_SERVER_EXCEPTION:
+        if (reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+            const amqp_connection_close_t *m = reply.reply.decoded;
+            snprintf(buf, len, "connection closed by broker: %u %.*s", m->reply_code,
+                     (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+        } else if (reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+            const amqp_channel_close_t *m = reply.reply.decoded;
+            snprintf(buf, len, "channel closed by broker: %u %.*s", m->reply_code,
+                     (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+        } else {
+            snprintf(buf, len, "unexpected broker method 0x%08X", reply.reply.id);
+        }
+        break;
+    }
+    return buf;
+}
+
+int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, char *err,
+                size_t err_len)
+{
+    struct amqp_connection_info info;
+    char reason[512];
+    int rc = -1;
+    char *url = strdup(opts->url);
+    amqp_connection_state_t conn = NULL;
+    if (!url) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    if (amqp_parse_url(url, &info) != AMQP_STATUS_OK) {
+        snprintf(err, err_len, "amqp url is malformed (expected amqp://user:pass@host:port/vhost)");
+        goto out;
+    }
+    conn = amqp_new_connection();
+    if (!conn) {
+        snprintf(err, err_len, "out of memory");
+        goto out;
+    }
+    amqp_socket_t *socket = info.ssl ? amqp_ssl_socket_new(conn) : amqp_tcp_socket_new(conn);
+    if (!socket) {
+        snprintf(err, err_len, "cannot create %s socket", info.ssl ? "TLS" : "TCP");
+        goto out;
+    }
+    struct timeval open_timeout = {.tv_sec = 5};
+    int status = amqp_socket_open_noblock(socket, info.host, info.port, &open_timeout);
+    if (status != AMQP_STATUS_OK) {
+        snprintf(err, err_len, "cannot connect to RabbitMQ at %s:%d: %s", info.host, info.port,
+                 amqp_error_string2(status));
+        goto out;
+    }
+    struct timeval handshake_timeout = {.tv_sec = 10};
+    struct timeval rpc_timeout = {.tv_sec = 30};
+    amqp_set_handshake_timeout(conn, &handshake_timeout);
+    amqp_set_rpc_timeout(conn, &rpc_timeout);
+    int heartbeat_s = (int)((opts->heartbeat_ms + 999) / 1000);
+    amqp_rpc_reply_t reply = amqp_login(conn, info.vhost, 0, 131072, heartbeat_s,
+                                        AMQP_SASL_METHOD_PLAIN, info.user, info.password);
+    if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+        broker_describe_reply(reply, reason, sizeof reason);
+        snprintf(err, err_len, "RabbitMQ at %s:%d refused login as '%s' to vhost '%s': %s",
+                 info.host, info.port, info.user, info.vhost, reason);
+        rc = -2;
+        goto out;
+    }
+    amqp_channel_open(conn, BROKER_CHANNEL);
+    reply = amqp_get_rpc_reply(conn);
+    if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+        snprintf(err, err_len, "cannot open channel: %s",
+                 broker_describe_reply(reply, reason, sizeof reason));
+        goto out;
+    }
+    if (opts->prefetch) {
+        amqp_basic_qos(conn, BROKER_CHANNEL, 0, (uint16_t)opts->prefetch, 0);
+        reply = amqp_get_rpc_reply(conn);
+        if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+            snprintf(err, err_len, "basic.qos failed: %s",
+                     broker_describe_reply(reply, reason, sizeof reason));
+            goto out;
+        }
+    }
+    if (opts->confirms) {
+        amqp_confirm_select(conn, BROKER_CHANNEL);
+        reply = amqp_get_rpc_reply(conn);
+        if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+            snprintf(err, err_len, "confirm.select failed: %s",
+                     broker_describe_reply(reply, reason, sizeof reason));
+            goto out;
+        }
+    }
+    *out = conn;
+    conn = NULL;
+    rc = 0;
+out:
+    if (conn)
+        amqp_destroy_connection(conn);
+    free(url);
+    return rc;
+}
+
+int broker_reopen_channel(amqp_connection_state_t conn)
+{
+    amqp_channel_close_ok_t close_ok;
+    if (amqp_send_method(conn, BROKER_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok) !=
+        AMQP_STATUS_OK)
+        return -1;
+    amqp_channel_open(conn, BROKER_CHANNEL);
+    return amqp_get_rpc_reply(conn).reply_type == AMQP_RESPONSE_NORMAL ? 0 : -1;
+}
+
+void broker_close(amqp_connection_state_t conn)
+{
+    if (!conn)
+        return;
+    amqp_channel_close(conn, BROKER_CHANNEL, AMQP_REPLY_SUCCESS);
+    amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(conn);
+}

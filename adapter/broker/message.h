@@ -1,0 +1,77 @@
+/*
+ * message — a delivery copied out of rabbitmq-c's buffers, and the headers idemq reads and writes.
+ *
+ * rabbitmq-c's decoded frames die at amqp_maybe_release_buffers, so a delivery's properties live
+ * in the message's own amqp_pool_t and its body in one malloc'd buffer. Retry and DLQ copies are
+ * built from these untouched originals (DESIGN.md invariant 5). Thread affinity: one owner at a
+ * time (the loop thread builds and frees messages).
+ */
+#ifndef IDEMQ_BROKER_MESSAGE_H
+#define IDEMQ_BROKER_MESSAGE_H
+
+#include <amqp.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define HEADER_RETRIES "idemq-retries"
+#define HEADER_ERROR_CLASS "idemq-error-class"
+#define HEADER_ERROR "idemq-error"
+#define HEADER_HANDLER "idemq-handler"
+#define HEADER_QUEUE "idemq-queue"
+#define HEADER_FIRST_FAILED_AT "idemq-first-failed-at"
+/* Identifies a copy in a basic.return, so an unroutable publish fails only its own original. */
+#define HEADER_PUBLISH_SEQ "idemq-publish-seq"
+#define HEADER_ERROR_MAX 1024
+
+typedef struct broker_message {
+    uint64_t delivery_tag;
+    uint64_t generation;        /* connection generation the tag belongs to */
+    size_t consumer_index;
+    bool redelivered;
+    amqp_pool_t pool;           /* owns everything properties points to */
+    amqp_basic_properties_t properties;
+    size_t body_len;
+    size_t body_received;
+    unsigned char *body;        /* owned */
+} broker_message;
+
+/* A new message with properties deep-copied from src (borrowed). NULL when out of memory. */
+broker_message *broker_message_new(const amqp_basic_properties_t *src, size_t body_len);
+void broker_message_free(broker_message *msg);
+
+/* Integer header value of any AMQP integer type; returns false when absent or not an integer. */
+bool message_header_int(const amqp_basic_properties_t *props, const char *name, int64_t *out);
+
+/* String header value (borrowed bytes); returns false when absent or not a string. */
+bool message_header_bytes(const amqp_basic_properties_t *props, const char *name,
+                          amqp_bytes_t *out);
+
+/* What a retry or DLQ copy carries in addition to the original properties. */
+typedef struct copy_headers {
+    int64_t retries;
+    const char *error_class;
+    const char *error;          /* cut to HEADER_ERROR_MAX bytes on a UTF-8 boundary */
+    const char *handler;
+    const char *queue;
+    int64_t first_failed_at_ms;
+    uint64_t publish_seq;
+    const char *expiration;     /* NULL: the copy must not expire (DLQ) */
+} copy_headers;
+
+/*
+ * Fills out with the original properties plus the copy headers. Broker-added x-death /
+ * x-first-death-* / x-last-death-* and old idemq-* headers are dropped; the copy is persistent.
+ * Allocations come from pool (borrowed, caller releases). Returns 0 or -1 (out of memory).
+ */
+int message_copy_properties(const broker_message *msg, const copy_headers *headers,
+                            amqp_pool_t *pool, amqp_basic_properties_t *out);
+
+/*
+ * Fills out with props minus every header idemq or the broker's dead-lettering added, for
+ * replaying a dead letter as if it were new (its retry count starts again at 0). Allocations
+ * come from pool. Returns 0 or -1 (out of memory).
+ */
+int message_strip_properties(const amqp_basic_properties_t *props, amqp_pool_t *pool,
+                             amqp_basic_properties_t *out);
+
+#endif

@@ -1,0 +1,449 @@
+/*
+ * run — `idemq run`: wires the broker session, the envelope decoder, the store and the policy.
+ *
+ * A delivery is decoded on the loop thread (a bad body never reaches the database), applied by a
+ * DB worker in one transaction, and its outcome is carried out back on the loop thread: ack after
+ * the commit, or publish a retry/DLQ copy and ack only after the broker confirmed it. A database
+ * outage pauses consumption (basic.cancel), requeues what comes back unavailable and probes with
+ * backoff, so the retry budget is not burned on infrastructure. SIGTERM stops consuming, lets
+ * in-flight work finish and be acked, then closes; a second signal exits at once (the broker
+ * redelivers unacked messages and the dedup row settles them). Thread affinity: loop thread.
+ */
+#include "cli/cli.h"
+
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "broker/session.h"
+#include "broker/topology.h"
+#include "envelope/envelope.h"
+#include "ops/log.h"
+#include "policy/outcome.h"
+#include "store/store.h"
+
+#define PROBE_MIN_MS 500
+#define PROBE_MAX_MS 10000
+#define MAX_TRUSTED_RETRIES 1000
+
+typedef struct runner runner;
+
+/* One delivery from receipt to its final ack/requeue; owns the message and its envelope. */
+typedef struct inflight {
+    store_job job;              /* first member: the store hands it back to us */
+    runner *r;
+    broker_message *msg;
+    envelope env;
+    bool decoded;
+    unsigned retries;           /* idemq-retries of the delivery */
+    int64_t first_failed_at_ms; /* 0 when this is the first failure */
+    outcome out;
+} inflight;
+
+struct runner {
+    uv_loop_t *loop;
+    const config *cfg;
+    broker_session *broker;
+    store_pool *store;
+    broker_session_callbacks callbacks;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t probe_timer, shutdown_timer;
+    store_job probe_job;
+    bool probe_pending;
+    unsigned probe_attempt;
+    bool paused;
+    bool stopping;
+    bool closed;
+    size_t inflight;
+    uint64_t rng;
+    uint64_t (*counts)[OUTCOME_LABEL_COUNT];   /* per consumer */
+};
+
+static uint64_t next_random(runner *r)
+{
+    /* xorshift64*: jitter needs spread, not cryptographic strength. */
+    r->rng ^= r->rng >> 12;
+    r->rng ^= r->rng << 25;
+    r->rng ^= r->rng >> 27;
+    return r->rng * 2685821657736338717ULL;
+}
+
+static int64_t now_ms(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+static void close_everything(runner *r);
+
+static void maybe_finish_shutdown(runner *r)
+{
+    if (r->stopping && !r->closed && r->inflight == 0 && !r->probe_pending)
+        close_everything(r);
+}
+
+static void release(inflight *f)
+{
+    runner *r = f->r;
+    if (f->decoded)
+        envelope_close(&f->env);
+    broker_message_free(f->msg);
+    free(f);
+    r->inflight--;
+    maybe_finish_shutdown(r);
+}
+
+static log_context context_of(const inflight *f, const char *outcome_name)
+{
+    const config_consumer *c = &f->r->cfg->consumers[f->msg->consumer_index];
+    log_context ctx = {
+        .queue = c->queue,
+        .biz_key = f->decoded ? f->env.biz_key : NULL,
+        .message_id = f->decoded ? f->env.message_id : NULL,
+        .retries = f->retries,
+        .outcome = outcome_name,
+    };
+    return ctx;
+}
+
+static void count(inflight *f, outcome_label label)
+{
+    f->r->counts[f->msg->consumer_index][label]++;
+}
+
+static void on_copy_confirmed(void *arg, bool confirmed)
+{
+    inflight *f = arg;
+    runner *r = f->r;
+    if (confirmed) {
+        broker_ack(r->broker, f->msg);
+        count(f, f->out.label);
+    } else {
+        /* The copy may not exist: keep the original (the broker redelivers it). */
+        log_context ctx = context_of(f, "requeued");
+        log_warn(&ctx, "broker did not confirm the %s copy; requeueing the original",
+                 f->out.action == OUTCOME_RETRY ? "retry" : "dead-letter");
+        broker_requeue(r->broker, f->msg);
+    }
+    release(f);
+}
+
+static void start_probe(runner *r);
+
+static void pause_consuming(runner *r, const char *reason)
+{
+    if (r->paused)
+        return;
+    r->paused = true;
+    log_error(LOG_NO_CONTEXT, "database unavailable, pausing consumption: %s", reason);
+    broker_set_consuming(r->broker, false);
+    r->probe_attempt = 0;
+    start_probe(r);
+}
+
+static void publish_copy(inflight *f)
+{
+    runner *r = f->r;
+    const config_consumer *c = &r->cfg->consumers[f->msg->consumer_index];
+    char exchange[TOPOLOGY_NAME_MAX], routing_key[TOPOLOGY_NAME_MAX], expiration[32];
+    copy_headers headers = {
+        .retries = f->out.retries,
+        .error_class = error_class_name(f->out.error_class),
+        .error = f->job.error[0] ? f->job.error : "unknown error",
+        .handler = c->handler_name,
+        .queue = c->queue,
+        .first_failed_at_ms = f->first_failed_at_ms ? f->first_failed_at_ms : now_ms(),
+    };
+    if (f->out.action == OUTCOME_RETRY) {
+        topology_retry_exchange(c, exchange, sizeof exchange);
+        topology_retry_queue(c, f->out.level, routing_key, sizeof routing_key);
+        snprintf(expiration, sizeof expiration, "%" PRIu64, f->out.delay_ms);
+        headers.expiration = expiration;
+    } else {
+        topology_dead_letter_exchange(c, exchange, sizeof exchange);
+        snprintf(routing_key, sizeof routing_key, "%s", c->queue);
+    }
+    if (broker_publish_copy(r->broker, f->msg, exchange, routing_key, &headers,
+                            on_copy_confirmed, f) != 0) {
+        broker_requeue(r->broker, f->msg);
+        release(f);
+    }
+}
+
+/* Carries out the policy's decision for a classified message. */
+static void finish(inflight *f, apply_status status)
+{
+    runner *r = f->r;
+    const config_consumer *c = &r->cfg->consumers[f->msg->consumer_index];
+    f->out = outcome_decide(status, f->retries, &c->retry, next_random(r));
+    log_context ctx = context_of(f, outcome_label_name(f->out.label));
+    switch (f->out.action) {
+    case OUTCOME_ACK:
+        if (f->retries > 0 && f->out.label == OUTCOME_PROCESSED)
+            log_info(&ctx, "processed after %u retries", f->retries);
+        else
+            log_info(&ctx, "%s", outcome_label_name(f->out.label));
+        broker_ack(r->broker, f->msg);
+        count(f, f->out.label);
+        release(f);
+        return;
+    case OUTCOME_RETRY:
+        log_warn(&ctx, "retry %u of %u in %" PRIu64 " ms: %s", f->out.retries,
+                 c->retry.max_retries, f->out.delay_ms, f->job.error);
+        publish_copy(f);
+        return;
+    case OUTCOME_DEAD_LETTER:
+        log_error(&ctx, "dead-lettered (%s): %s", error_class_name(f->out.error_class),
+                  f->job.error);
+        publish_copy(f);
+        return;
+    case OUTCOME_REQUEUE:
+        log_warn(&ctx, "requeued: %s", f->job.error);
+        broker_requeue(r->broker, f->msg);
+        count(f, OUTCOME_REQUEUED);
+        pause_consuming(r, f->job.error);
+        release(f);
+        return;
+    }
+}
+
+static void on_applied(store_job *job)
+{
+    inflight *f = (inflight *)job;
+    finish(f, job->status);
+}
+
+static void on_message(void *ctx, broker_message *msg)
+{
+    runner *r = ctx;
+    if (r->paused || r->stopping) {
+        /* Sent before our basic.cancel reached the broker: give it back untouched. */
+        broker_requeue(r->broker, msg);
+        broker_message_free(msg);
+        return;
+    }
+    inflight *f = calloc(1, sizeof *f);
+    if (!f) {
+        broker_requeue(r->broker, msg);
+        broker_message_free(msg);
+        return;
+    }
+    f->r = r;
+    f->msg = msg;
+    r->inflight++;
+    int64_t header_value;
+    if (message_header_int(&msg->properties, HEADER_RETRIES, &header_value) && header_value > 0)
+        f->retries = header_value > MAX_TRUSTED_RETRIES ? MAX_TRUSTED_RETRIES
+                                                        : (unsigned)header_value;
+    if (message_header_int(&msg->properties, HEADER_FIRST_FAILED_AT, &header_value))
+        f->first_failed_at_ms = header_value;
+
+    char content_type[128] = "";
+    if (msg->properties._flags & AMQP_BASIC_CONTENT_TYPE_FLAG)
+        snprintf(content_type, sizeof content_type, "%.*s",
+                 (int)msg->properties.content_type.len,
+                 (const char *)msg->properties.content_type.bytes);
+    envelope_limits limits = {.max_body = r->cfg->max_body};
+    char reason[512];
+    int rc = envelope_decode(msg->body, msg->body_len, content_type, &limits, &f->env, reason,
+                             sizeof reason);
+    if (rc != ENVELOPE_OK) {
+        snprintf(f->job.error, sizeof f->job.error, "invalid envelope (%s): %s",
+                 envelope_error_name(rc), reason);
+        finish(f, APPLY_NON_RETRYABLE);
+        return;
+    }
+    f->decoded = true;
+    f->job.kind = STORE_JOB_APPLY;
+    f->job.consumer_index = msg->consumer_index;
+    f->job.env = &f->env;
+    f->job.on_done = on_applied;
+    if (store_submit(r->store, &f->job) != 0) {
+        broker_requeue(r->broker, msg);
+        release(f);
+    }
+}
+
+static void on_probe_done(store_job *job)
+{
+    runner *r = (runner *)((char *)job - offsetof(runner, probe_job));
+    r->probe_pending = false;
+    if (r->stopping) {
+        maybe_finish_shutdown(r);
+        return;
+    }
+    if (job->status == APPLY_COMMITTED) {
+        log_info(LOG_NO_CONTEXT, "database reachable again, resuming consumption");
+        r->paused = false;
+        broker_set_consuming(r->broker, true);
+        return;
+    }
+    log_warn(LOG_NO_CONTEXT, "database still unavailable (probe %u): %s", r->probe_attempt,
+             job->error);
+    start_probe(r);
+}
+
+static void on_probe_timer(uv_timer_t *timer)
+{
+    runner *r = timer->data;
+    if (r->stopping)
+        return;
+    memset(&r->probe_job, 0, sizeof r->probe_job);
+    r->probe_job.kind = STORE_JOB_PING;
+    r->probe_job.on_done = on_probe_done;
+    if (store_submit(r->store, &r->probe_job) == 0)
+        r->probe_pending = true;
+}
+
+static void start_probe(runner *r)
+{
+    uint64_t delay = PROBE_MIN_MS;
+    for (unsigned i = 0; i < r->probe_attempt && delay < PROBE_MAX_MS; i++)
+        delay *= 2;
+    if (delay > PROBE_MAX_MS)
+        delay = PROBE_MAX_MS;
+    r->probe_attempt++;
+    uv_timer_start(&r->probe_timer, on_probe_timer, delay, 0);
+}
+
+static void on_broker_up(void *ctx)
+{
+    runner *r = ctx;
+    log_info(LOG_NO_CONTEXT, "RabbitMQ connection ready%s", r->paused ? " (paused)" : "");
+}
+
+static void on_broker_down(void *ctx, const char *reason)
+{
+    (void)ctx;
+    log_warn(LOG_NO_CONTEXT, "RabbitMQ down (%s); unacked deliveries will be redelivered", reason);
+}
+
+static void log_summary(runner *r)
+{
+    for (size_t i = 0; i < r->cfg->consumer_count; i++) {
+        const uint64_t *c = r->counts[i];
+        log_context ctx = {.queue = r->cfg->consumers[i].queue, .retries = -1};
+        log_info(&ctx,
+                 "summary processed=%" PRIu64 " deduped=%" PRIu64 " state_noop=%" PRIu64
+                 " retried=%" PRIu64 " dead_lettered=%" PRIu64 " requeued=%" PRIu64,
+                 c[OUTCOME_PROCESSED], c[OUTCOME_DEDUPED], c[OUTCOME_STATE_NOOP],
+                 c[OUTCOME_RETRIED], c[OUTCOME_DEAD_LETTERED], c[OUTCOME_REQUEUED]);
+    }
+}
+
+static void close_everything(runner *r)
+{
+    r->closed = true;
+    /* Store first: its last results may still ack through the broker session. */
+    store_pool_free(r->store);
+    r->store = NULL;
+    broker_session_free(r->broker);
+    r->broker = NULL;
+    uv_timer_stop(&r->probe_timer);
+    uv_timer_stop(&r->shutdown_timer);
+    uv_close((uv_handle_t *)&r->probe_timer, NULL);
+    uv_close((uv_handle_t *)&r->shutdown_timer, NULL);
+    uv_close((uv_handle_t *)&r->sigterm, NULL);
+    uv_close((uv_handle_t *)&r->sigint, NULL);
+    log_summary(r);
+}
+
+static void on_shutdown_timeout(uv_timer_t *timer)
+{
+    runner *r = timer->data;
+    log_warn(LOG_NO_CONTEXT,
+             "shutdown timeout: %zu message(s) still in flight; the broker will redeliver them",
+             r->inflight);
+    if (!r->closed)
+        close_everything(r);
+}
+
+static void on_signal(uv_signal_t *handle, int signum)
+{
+    runner *r = handle->data;
+    if (r->stopping) {
+        log_warn(LOG_NO_CONTEXT, "second signal: exiting now; unacked messages are redelivered");
+        _exit(1);
+    }
+    log_info(LOG_NO_CONTEXT, "signal %d: stopping consumption, finishing %zu in-flight message(s)",
+             signum, r->inflight);
+    r->stopping = true;
+    uv_timer_stop(&r->probe_timer);
+    broker_set_consuming(r->broker, false);
+    uv_timer_start(&r->shutdown_timer, on_shutdown_timeout, r->cfg->shutdown_timeout_ms, 0);
+    maybe_finish_shutdown(r);
+}
+
+int cli_run(const config *cfg)
+{
+    char err[1024];
+    int exit_code = 1;
+    uv_loop_t *loop = uv_default_loop();
+    runner *r = calloc(1, sizeof *r);
+    if (!r)
+        return 1;
+    r->counts = calloc(cfg->consumer_count, sizeof *r->counts);
+    if (!r->counts) {
+        free(r);
+        return 1;
+    }
+    r->loop = loop;
+    r->cfg = cfg;
+    r->rng = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
+    srand((unsigned)next_random(r));
+    r->callbacks = (broker_session_callbacks){
+        .ctx = r, .on_message = on_message, .on_up = on_broker_up, .on_down = on_broker_down};
+
+    if (store_pool_new(loop, cfg, &r->store, err, sizeof err) != 0) {
+        log_error(LOG_NO_CONTEXT, "cannot start DB workers: %s", err);
+        goto out;
+    }
+    r->broker = broker_session_new(loop, cfg, &r->callbacks);
+    if (!r->broker) {
+        log_error(LOG_NO_CONTEXT, "out of memory");
+        goto out;
+    }
+    uv_timer_init(loop, &r->probe_timer);
+    uv_timer_init(loop, &r->shutdown_timer);
+    r->probe_timer.data = r->shutdown_timer.data = r;
+    uv_signal_init(loop, &r->sigterm);
+    uv_signal_init(loop, &r->sigint);
+    r->sigterm.data = r->sigint.data = r;
+    uv_signal_start(&r->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&r->sigint, on_signal, SIGINT);
+
+    int rc = broker_session_start(r->broker, err, sizeof err);
+    if (rc != 0) {
+        log_error(LOG_NO_CONTEXT, "%s", err);
+        exit_code = rc == -2 ? EXIT_USAGE : 1;
+        r->stopping = true;
+        close_everything(r);
+        uv_run(loop, UV_RUN_DEFAULT);
+        goto out_freed;
+    }
+    for (size_t i = 0; i < cfg->consumer_count; i++) {
+        log_context ctx = {.queue = cfg->consumers[i].queue, .retries = -1};
+        log_info(&ctx, "consuming with handler %s (%zu DB workers, prefetch %u)",
+                 cfg->consumers[i].handler_name, (size_t)cfg->workers, cfg->prefetch);
+    }
+    uv_run(loop, UV_RUN_DEFAULT);
+    exit_code = 0;
+out_freed:
+    uv_loop_close(loop);
+    free(r->counts);
+    free(r);
+    return exit_code;
+out:
+    store_pool_free(r->store);
+    uv_run(loop, UV_RUN_DEFAULT);
+    uv_loop_close(loop);
+    free(r->counts);
+    free(r);
+    return exit_code;
+}

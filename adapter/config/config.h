@@ -1,0 +1,131 @@
+/*
+ * config — loads and validates the YAML configuration file.
+ *
+ * The loader reads the whole file into a libyaml document (which keeps a line for every node),
+ * walks it against declarative per-section tables (name, type, range, default, help) and reports
+ * every problem it finds — unknown keys, wrong types, out-of-range values, missing required keys —
+ * each with file:line, before the daemon touches the network. Environment variables
+ * IDEMQ_AMQP_URL and IDEMQ_MYSQL_URL override the URLs. Thread affinity: load on the main thread;
+ * the resulting config is read-only afterwards and may be shared by every thread.
+ */
+#ifndef IDEMQ_CONFIG_H
+#define IDEMQ_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum config_log_level {
+    CONFIG_LOG_DEBUG = 0,
+    CONFIG_LOG_INFO = 1,
+    CONFIG_LOG_WARN = 2,
+    CONFIG_LOG_ERROR = 3,
+} config_log_level;
+
+typedef enum config_declare_mode {
+    CONFIG_DECLARE_CREATE = 0,  /* declare the work queue (durable) */
+    CONFIG_DECLARE_PASSIVE = 1, /* only check that it exists */
+} config_declare_mode;
+
+typedef enum config_queue_type {
+    CONFIG_QUEUE_QUORUM = 0,
+    CONFIG_QUEUE_CLASSIC = 1,
+} config_queue_type;
+
+typedef enum config_handler_type {
+    CONFIG_HANDLER_STATE_MACHINE = 0,
+} config_handler_type;
+
+typedef enum config_on_illegal {
+    CONFIG_ON_ILLEGAL_DEAD_LETTER = 0,
+    CONFIG_ON_ILLEGAL_RETRY = 1,
+} config_on_illegal;
+
+typedef struct config_transition {
+    char *event;      /* value of the event field, e.g. "PAY_SUCCESS" */
+    char **from;      /* allowed predecessor states */
+    size_t from_count;
+    char *to;         /* target state */
+} config_transition;
+
+typedef struct config_set_column {
+    char *column;     /* column written with the transition */
+    char *field;      /* message field (dotted path) its value comes from */
+} config_set_column;
+
+typedef struct config_state_machine {
+    char *table;
+    char *key_column;
+    char *key_field;
+    char *state_column;
+    char *event_field;
+    config_on_illegal on_illegal;
+    config_transition *transitions;
+    size_t transition_count;
+    config_set_column *set;
+    size_t set_count;
+} config_state_machine;
+
+typedef struct config_handler {
+    config_handler_type type;
+    config_state_machine state_machine;
+} config_handler;
+
+typedef struct config_retry {
+    unsigned max_retries;   /* 0..32, default 6 */
+    uint64_t base_ms;       /* > 0, default 1000 */
+    uint64_t jitter_ms;     /* default 1000 */
+    uint64_t max_delay_ms;  /* > 0, default 3600000 */
+} config_retry;
+
+typedef struct config_consumer {
+    char *queue;
+    char *handler_name;     /* the dedup column; at most 64 bytes */
+    config_declare_mode declare;
+    config_queue_type queue_type;
+    config_retry retry;
+    config_handler handler;
+} config_consumer;
+
+typedef struct config {
+    char *path;             /* the file it came from, for messages */
+    /* amqp */
+    char *amqp_url;         /* may hold a password: never log it, use config_redact_url */
+    unsigned prefetch;      /* 1..65535, default 64 */
+    uint64_t heartbeat_ms;  /* 0 disables; default 30000 */
+    size_t max_body;        /* bytes, default 1 MiB */
+    /* mysql */
+    char *mysql_url;
+    unsigned workers;       /* 1..256, default 4 */
+    /* log */
+    config_log_level log_level;
+    /* http (used by the ops endpoint) */
+    char *http_listen;      /* default "127.0.0.1:9464" */
+    uint64_t shutdown_timeout_ms; /* default 25000 */
+    config_consumer *consumers;
+    size_t consumer_count;  /* at least 1 */
+} config;
+
+/*
+ * Loads path into a newly allocated config (returned owned through out).
+ * Every problem is written to errors (borrowed; may be NULL) as "file:line: message", one per
+ * line. Returns 0 on success, or the negative number of problems found (out is then NULL).
+ */
+int config_load(const char *path, FILE *errors, config **out);
+
+/* Frees a config from config_load; config_free(NULL) is a no-op. */
+void config_free(config *cfg);
+
+/* Copies url into buf with any password replaced by "***", for logs and `idemq check`. */
+void config_redact_url(const char *url, char *buf, size_t buf_len);
+
+/*
+ * Parses a duration such as "250ms", "30s", "5m", "2h", "30d" or a bare number of seconds.
+ * Returns 0 and sets *out_ms, or -1 when malformed or overflowing.
+ */
+int config_parse_duration(const char *text, uint64_t *out_ms);
+
+/* Parses a size such as "1MiB", "512KiB", "1048576". Returns 0 or -1. */
+int config_parse_size(const char *text, size_t *out_bytes);
+
+#endif

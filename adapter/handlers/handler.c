@@ -1,0 +1,28 @@
+/*
+ * handler — dispatch on the configured handler type. One small switch so adding the sql and
+ * plugin handlers touches only this file and their own.
+ */
+#include "handlers/handler.h"
+
+#include <stdio.h>
+
+apply_status handler_apply(handler_call *call)
+{
+    switch (call->consumer->handler.type) {
+    case CONFIG_HANDLER_STATE_MACHINE:
+        return state_machine_apply(call);
+    }
+    snprintf(call->error, call->error_len, "unknown handler type");
+    return APPLY_NON_RETRYABLE;
+}
+
+void handler_release(const config_consumer *consumer, void *state)
+{
+    if (!state)
+        return;
+    switch (consumer->handler.type) {
+    case CONFIG_HANDLER_STATE_MACHINE:
+        state_machine_release(consumer, state);
+        break;
+    }
+}

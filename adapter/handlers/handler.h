@@ -1,0 +1,41 @@
+/*
+ * handler — the business step that runs inside the dedup transaction.
+ *
+ * The store opens the transaction and inserts the dedup row; the consumer's handler then applies
+ * the business update on the same connection and reports an apply_status with a reason. The store
+ * commits on APPLY_COMMITTED / APPLY_STATE_NOOP and rolls back otherwise, so a failed business
+ * step never leaves a dedup row behind. Handlers may keep per-connection state (prepared
+ * statements) in *state; it is released before the connection closes.
+ * Thread affinity: the DB worker that owns db.
+ */
+#ifndef IDEMQ_HANDLER_H
+#define IDEMQ_HANDLER_H
+
+#include <mysql.h>
+#include <stddef.h>
+
+#include "config/config.h"
+#include "envelope/envelope.h"
+#include "policy/outcome.h"
+
+typedef struct handler_call {
+    MYSQL *db;                          /* borrowed; a transaction is open */
+    const config_consumer *consumer;    /* borrowed */
+    const envelope *env;                /* borrowed */
+    void **state;                       /* this worker's slot for this consumer, handler-owned */
+    char *error;                        /* reason for anything but APPLY_COMMITTED */
+    size_t error_len;
+    unsigned int mysql_errno;           /* set when a MySQL error decided the status */
+} handler_call;
+
+/* Runs the consumer's handler. Never commits or rolls back. */
+apply_status handler_apply(handler_call *call);
+
+/* Frees what handler_apply kept in state (NULL is fine). Call before closing the connection. */
+void handler_release(const config_consumer *consumer, void *state);
+
+/* The state machine handler; see state_machine.c. */
+apply_status state_machine_apply(handler_call *call);
+void state_machine_release(const config_consumer *consumer, void *state);
+
+#endif

@@ -1,0 +1,119 @@
+/*
+ * dsn — see dsn.h. User and password are percent-decoded so passwords may hold '@' or ':'.
+ */
+#include "store/dsn.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    c = (char)tolower((unsigned char)c);
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* Decodes [begin, end) into out (NUL-terminated). Returns -1 when it does not fit or is bad. */
+static int percent_decode(const char *begin, const char *end, char *out, size_t out_len)
+{
+    size_t n = 0;
+    for (const char *p = begin; p < end; p++) {
+        char c = *p;
+        if (c == '%') {
+            if (end - p < 3 || hex_value(p[1]) < 0 || hex_value(p[2]) < 0)
+                return -1;
+            c = (char)(hex_value(p[1]) * 16 + hex_value(p[2]));
+            if (c == '\0')
+                return -1;
+            p += 2;
+        }
+        if (n + 1 >= out_len)
+            return -1;
+        out[n++] = c;
+    }
+    out[n] = '\0';
+    return 0;
+}
+
+int store_dsn_parse(const char *url, store_dsn *dsn, char *err, size_t err_len)
+{
+    static const char scheme[] = "mysql://";
+    memset(dsn, 0, sizeof *dsn);
+    dsn->port = 3306;
+    if (strncmp(url, scheme, sizeof scheme - 1) != 0) {
+        snprintf(err, err_len, "mysql url must start with mysql://");
+        return -1;
+    }
+    const char *p = url + sizeof scheme - 1;
+    const char *authority_end = p + strcspn(p, "/?");
+    const char *at = NULL;
+    for (const char *q = p; q < authority_end; q++)
+        if (*q == '@')
+            at = q;
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        const char *user_end = colon ? colon : at;
+        if (percent_decode(p, user_end, dsn->user, sizeof dsn->user) < 0 ||
+            (colon && percent_decode(colon + 1, at, dsn->password, sizeof dsn->password) < 0)) {
+            snprintf(err, err_len, "mysql url: user or password is malformed or too long");
+            return -1;
+        }
+        p = at + 1;
+    }
+    const char *host_end = authority_end;
+    const char *port_colon = memchr(p, ':', (size_t)(authority_end - p));
+    if (port_colon) {
+        char *end = NULL;
+        long port = strtol(port_colon + 1, &end, 10);
+        if (end != authority_end || port < 1 || port > 65535) {
+            snprintf(err, err_len, "mysql url: port must be 1..65535");
+            return -1;
+        }
+        dsn->port = (unsigned)port;
+        host_end = port_colon;
+    }
+    if ((size_t)(host_end - p) >= sizeof dsn->host) {
+        snprintf(err, err_len, "mysql url: host is too long");
+        return -1;
+    }
+    memcpy(dsn->host, p, (size_t)(host_end - p));
+    if (dsn->host[0] == '\0')
+        strcpy(dsn->host, "127.0.0.1");
+    p = authority_end;
+    if (*p == '/') {
+        p++;
+        size_t len = strcspn(p, "?");
+        if (percent_decode(p, p + len, dsn->database, sizeof dsn->database) < 0) {
+            snprintf(err, err_len, "mysql url: database name is malformed or too long");
+            return -1;
+        }
+        p += len;
+    }
+    if (dsn->database[0] == '\0') {
+        snprintf(err, err_len, "mysql url: a database name is required (mysql://…/DATABASE)");
+        return -1;
+    }
+    while (*p == '?' || *p == '&') {
+        p++;
+        size_t len = strcspn(p, "&");
+        static const char socket_key[] = "socket=";
+        if (strncmp(p, socket_key, sizeof socket_key - 1) == 0) {
+            if (percent_decode(p + sizeof socket_key - 1, p + len, dsn->socket,
+                               sizeof dsn->socket) < 0) {
+                snprintf(err, err_len, "mysql url: socket path is malformed or too long");
+                return -1;
+            }
+        } else if (len > 0) {
+            snprintf(err, err_len, "mysql url: unknown parameter '%.*s' (known: socket)",
+                     (int)(strcspn(p, "=&") > 64 ? 64 : strcspn(p, "=&")), p);
+            return -1;
+        }
+        p += len;
+    }
+    return 0;
+}

@@ -1,0 +1,398 @@
+/*
+ * pool — DB worker threads and the per-message transaction. See store.h.
+ *
+ * Jobs travel loop → worker through a mutex/condvar queue and worker → loop through a second list
+ * and one uv_async_t (async sends coalesce, so the callback drains the whole list). Each worker
+ * owns its MYSQL connection, its prepared dedup insert and the handlers' prepared statements.
+ */
+#include "store/store.h"
+
+#include <mysql.h>
+#include <mysqld_error.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "handlers/handler.h"
+#include "store/dsn.h"
+#include "store/mysql_error.h"
+
+const char store_dedup_ddl[] =
+    "CREATE TABLE IF NOT EXISTS msg_dedup (\n"
+    "  id BIGINT AUTO_INCREMENT PRIMARY KEY,\n"
+    "  biz_key VARCHAR(128) NOT NULL,\n"
+    "  handler_name VARCHAR(64) NOT NULL,\n"
+    "  created_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),\n"
+    "  UNIQUE KEY uk_biz_handler (biz_key, handler_name),\n"
+    "  KEY idx_created_at (created_at)\n"
+    ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
+
+static const char dedup_insert_sql[] =
+    "INSERT INTO msg_dedup (biz_key, handler_name) VALUES (?, ?)";
+
+typedef struct store_worker {
+    store_pool *pool;
+    uv_thread_t thread;
+    MYSQL *db;
+    MYSQL_STMT *dedup_insert;
+    void **handler_states;    /* one per consumer */
+} store_worker;
+
+struct store_pool {
+    const config *cfg;
+    store_dsn dsn;
+    uv_async_t results_ready;
+    uv_mutex_t lock;
+    uv_cond_t work_available;
+    store_job *queue_head, *queue_tail;   /* guarded by lock */
+    store_job *done_head, *done_tail;     /* guarded by lock */
+    bool stopping;                        /* guarded by lock */
+    /* Set when a worker finds the database unreachable, cleared by a successful connect. While
+     * set, APPLY jobs fail fast instead of each waiting for a connect timeout. */
+    atomic_bool database_down;
+    size_t pending;                       /* loop thread only */
+    store_worker *workers;
+    size_t worker_count;
+    size_t workers_started;
+};
+
+static uint64_t now_ns(void)
+{
+    return uv_hrtime();
+}
+
+static MYSQL *connect_dsn(const store_dsn *dsn, char *err, size_t err_len)
+{
+    MYSQL *db = mysql_init(NULL);
+    if (!db) {
+        snprintf(err, err_len, "mysql_init: out of memory");
+        return NULL;
+    }
+    unsigned int connect_timeout = 5, io_timeout = 30;
+    mysql_options(db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
+    mysql_options(db, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
+    mysql_options(db, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
+    mysql_options(db, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+    const char *host = dsn->socket[0] ? "localhost" : dsn->host;
+    if (!mysql_real_connect(db, host, dsn->user[0] ? dsn->user : NULL, dsn->password,
+                            dsn->database, dsn->port, dsn->socket[0] ? dsn->socket : NULL,
+                            CLIENT_FOUND_ROWS)) {
+        snprintf(err, err_len, "cannot connect to MySQL at %s:%u/%s: %s (error %u)",
+                 dsn->socket[0] ? dsn->socket : dsn->host, dsn->port, dsn->database,
+                 mysql_error(db), mysql_errno(db));
+        mysql_close(db);
+        return NULL;
+    }
+    if (mysql_autocommit(db, 0) != 0) {
+        snprintf(err, err_len, "cannot disable autocommit: %s", mysql_error(db));
+        mysql_close(db);
+        return NULL;
+    }
+    return db;
+}
+
+static void ensure_library_initialised(void)
+{
+    /* mysql_library_init is not thread-safe: the loop thread calls it before any worker starts. */
+    static bool initialised;
+    if (!initialised) {
+        mysql_library_init(0, NULL, NULL);
+        initialised = true;
+    }
+}
+
+MYSQL *store_connect(const config *cfg, char *err, size_t err_len)
+{
+    store_dsn dsn;
+    ensure_library_initialised();
+    if (store_dsn_parse(cfg->mysql_url, &dsn, err, err_len) != 0)
+        return NULL;
+    return connect_dsn(&dsn, err, err_len);
+}
+
+int store_migrate(MYSQL *db, char *err, size_t err_len)
+{
+    if (mysql_query(db, store_dedup_ddl) != 0 || mysql_commit(db) != 0) {
+        snprintf(err, err_len, "creating msg_dedup failed: %s (error %u)", mysql_error(db),
+                 mysql_errno(db));
+        return -1;
+    }
+    return 0;
+}
+
+static void worker_disconnect(store_worker *w)
+{
+    const config *cfg = w->pool->cfg;
+    for (size_t i = 0; i < cfg->consumer_count; i++) {
+        handler_release(&cfg->consumers[i], w->handler_states[i]);
+        w->handler_states[i] = NULL;
+    }
+    if (w->dedup_insert)
+        mysql_stmt_close(w->dedup_insert);
+    w->dedup_insert = NULL;
+    if (w->db)
+        mysql_close(w->db);
+    w->db = NULL;
+}
+
+static bool worker_connect(store_worker *w, store_job *job)
+{
+    if (w->db)
+        return true;
+    if (job->kind == STORE_JOB_APPLY && atomic_load(&w->pool->database_down)) {
+        snprintf(job->error, sizeof job->error, "database unavailable (waiting for the probe)");
+        return false;
+    }
+    w->db = connect_dsn(&w->pool->dsn, job->error, sizeof job->error);
+    if (w->db)
+        atomic_store(&w->pool->database_down, false);
+    return w->db != NULL;
+}
+
+static apply_status fail_with_db(store_worker *w, store_job *job, const char *what)
+{
+    job->mysql_errno = mysql_errno(w->db);
+    snprintf(job->error, sizeof job->error, "%s: MySQL error %u (%s): %s", what, job->mysql_errno,
+             mysql_sqlstate(w->db), mysql_error(w->db));
+    return mysql_error_classify(job->mysql_errno);
+}
+
+/* Inserts the dedup row. APPLY_COMMITTED here means "inserted, go on". */
+static apply_status insert_dedup_row(store_worker *w, store_job *job, const char *handler_name)
+{
+    if (!w->dedup_insert) {
+        w->dedup_insert = mysql_stmt_init(w->db);
+        if (!w->dedup_insert)
+            return fail_with_db(w, job, "dedup insert");
+        if (mysql_stmt_prepare(w->dedup_insert, dedup_insert_sql, sizeof dedup_insert_sql - 1)) {
+            apply_status status = fail_with_db(w, job, "prepare dedup insert");
+            mysql_stmt_close(w->dedup_insert);
+            w->dedup_insert = NULL;
+            return status;
+        }
+    }
+    MYSQL_BIND params[2];
+    unsigned long lengths[2] = {strlen(job->env->biz_key), strlen(handler_name)};
+    memset(params, 0, sizeof params);
+    params[0].buffer_type = MYSQL_TYPE_STRING;
+    params[0].buffer = (void *)job->env->biz_key;
+    params[0].length = &lengths[0];
+    params[1].buffer_type = MYSQL_TYPE_STRING;
+    params[1].buffer = (void *)handler_name;
+    params[1].length = &lengths[1];
+    if (mysql_stmt_bind_param(w->dedup_insert, params) || mysql_stmt_execute(w->dedup_insert)) {
+        job->mysql_errno = mysql_stmt_errno(w->dedup_insert);
+        if (job->mysql_errno == ER_DUP_ENTRY)
+            return APPLY_DUPLICATE;
+        snprintf(job->error, sizeof job->error, "dedup insert: MySQL error %u (%s): %s",
+                 job->mysql_errno, mysql_stmt_sqlstate(w->dedup_insert),
+                 mysql_stmt_error(w->dedup_insert));
+        return mysql_error_classify(job->mysql_errno);
+    }
+    return APPLY_COMMITTED;
+}
+
+static apply_status run_transaction(store_worker *w, store_job *job)
+{
+    const config_consumer *consumer = &w->pool->cfg->consumers[job->consumer_index];
+    apply_status status = insert_dedup_row(w, job, consumer->handler_name);
+    if (status == APPLY_COMMITTED) {
+        handler_call call = {
+            .db = w->db,
+            .consumer = consumer,
+            .env = job->env,
+            .state = &w->handler_states[job->consumer_index],
+            .error = job->error,
+            .error_len = sizeof job->error,
+        };
+        status = handler_apply(&call);
+        job->mysql_errno = call.mysql_errno;
+    }
+    if (status == APPLY_COMMITTED || status == APPLY_STATE_NOOP) {
+        /* Only a successful COMMIT makes the ack safe; a lost connection here leaves the outcome
+         * unknown, and the redelivery is settled by the dedup row either way. */
+        if (mysql_commit(w->db) != 0)
+            status = fail_with_db(w, job, "commit");
+    } else {
+        mysql_rollback(w->db);
+    }
+    return status;
+}
+
+static void run_job(store_worker *w, store_job *job)
+{
+    uint64_t started = now_ns();
+    job->error[0] = '\0';
+    job->mysql_errno = 0;
+    if (!worker_connect(w, job)) {
+        job->status = APPLY_UNAVAILABLE;
+    } else if (job->kind == STORE_JOB_PING) {
+        job->status = mysql_ping(w->db) == 0 ? APPLY_COMMITTED : fail_with_db(w, job, "ping");
+        if (job->status != APPLY_COMMITTED)
+            job->status = APPLY_UNAVAILABLE;
+    } else {
+        job->status = run_transaction(w, job);
+    }
+    if (job->status == APPLY_UNAVAILABLE) {
+        worker_disconnect(w);
+        atomic_store(&w->pool->database_down, true);
+    }
+    job->duration_ns = now_ns() - started;
+}
+
+static void worker_main(void *arg)
+{
+    store_worker *w = arg;
+    store_pool *pool = w->pool;
+    mysql_thread_init();
+    for (;;) {
+        uv_mutex_lock(&pool->lock);
+        while (!pool->queue_head && !pool->stopping)
+            uv_cond_wait(&pool->work_available, &pool->lock);
+        store_job *job = pool->queue_head;
+        if (job) {
+            pool->queue_head = job->next;
+            if (!pool->queue_head)
+                pool->queue_tail = NULL;
+        }
+        uv_mutex_unlock(&pool->lock);
+        if (!job)
+            break; /* stopping and the queue is empty */
+
+        run_job(w, job);
+
+        job->next = NULL;
+        uv_mutex_lock(&pool->lock);
+        if (pool->done_tail)
+            pool->done_tail->next = job;
+        else
+            pool->done_head = job;
+        pool->done_tail = job;
+        uv_mutex_unlock(&pool->lock);
+        uv_async_send(&pool->results_ready);
+    }
+    worker_disconnect(w);
+    mysql_thread_end();
+}
+
+static void deliver_results(store_pool *pool)
+{
+    uv_mutex_lock(&pool->lock);
+    store_job *job = pool->done_head;
+    pool->done_head = pool->done_tail = NULL;
+    uv_mutex_unlock(&pool->lock);
+    while (job) {
+        store_job *next = job->next;
+        job->next = NULL;
+        pool->pending--;
+        job->on_done(job);
+        job = next;
+    }
+}
+
+static void on_results_ready(uv_async_t *handle)
+{
+    deliver_results(handle->data);
+}
+
+static void free_pool_memory(store_pool *pool)
+{
+    if (pool->workers)
+        for (size_t i = 0; i < pool->worker_count; i++)
+            free(pool->workers[i].handler_states);
+    free(pool->workers);
+    uv_cond_destroy(&pool->work_available);
+    uv_mutex_destroy(&pool->lock);
+    free(pool);
+}
+
+static void on_async_closed(uv_handle_t *handle)
+{
+    free_pool_memory(handle->data);
+}
+
+int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *err,
+                   size_t err_len)
+{
+    ensure_library_initialised();
+    store_pool *pool = calloc(1, sizeof *pool);
+    if (!pool) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    pool->cfg = cfg;
+    if (store_dsn_parse(cfg->mysql_url, &pool->dsn, err, err_len) != 0) {
+        free(pool);
+        return -1;
+    }
+    uv_mutex_init(&pool->lock);
+    uv_cond_init(&pool->work_available);
+    pool->worker_count = cfg->workers;
+    pool->workers = calloc(pool->worker_count, sizeof *pool->workers);
+    if (!pool->workers)
+        goto fail;
+    for (size_t i = 0; i < pool->worker_count; i++) {
+        pool->workers[i].pool = pool;
+        pool->workers[i].handler_states = calloc(cfg->consumer_count, sizeof(void *));
+        if (!pool->workers[i].handler_states)
+            goto fail;
+    }
+    if (uv_async_init(loop, &pool->results_ready, on_results_ready) != 0)
+        goto fail;
+    pool->results_ready.data = pool;
+    for (size_t i = 0; i < pool->worker_count; i++) {
+        int rc = uv_thread_create(&pool->workers[i].thread, worker_main, &pool->workers[i]);
+        if (rc != 0) {
+            snprintf(err, err_len, "cannot start DB worker: %s", uv_strerror(rc));
+            pool->worker_count = i;
+            store_pool_free(pool);
+            return -1;
+        }
+    }
+    *out = pool;
+    return 0;
+fail:
+    snprintf(err, err_len, "out of memory");
+    free_pool_memory(pool);
+    return -1;
+}
+
+int store_submit(store_pool *pool, store_job *job)
+{
+    job->next = NULL;
+    uv_mutex_lock(&pool->lock);
+    if (pool->stopping) {
+        uv_mutex_unlock(&pool->lock);
+        return -1;
+    }
+    if (pool->queue_tail)
+        pool->queue_tail->next = job;
+    else
+        pool->queue_head = job;
+    pool->queue_tail = job;
+    uv_cond_signal(&pool->work_available);
+    uv_mutex_unlock(&pool->lock);
+    pool->pending++;
+    return 0;
+}
+
+size_t store_pending(const store_pool *pool)
+{
+    return pool->pending;
+}
+
+void store_pool_free(store_pool *pool)
+{
+    if (!pool)
+        return;
+    uv_mutex_lock(&pool->lock);
+    pool->stopping = true;
+    uv_cond_broadcast(&pool->work_available);
+    uv_mutex_unlock(&pool->lock);
+    for (size_t i = 0; i < pool->worker_count; i++)
+        uv_thread_join(&pool->workers[i].thread);
+    deliver_results(pool);
+    uv_close((uv_handle_t *)&pool->results_ready, on_async_closed);
+}

@@ -1,0 +1,79 @@
+/*
+ * store — the DB worker pool: one MYSQL connection per thread, one transaction per message.
+ *
+ * The loop thread submits jobs; a worker takes one, runs
+ *   INSERT INTO msg_dedup(biz_key, handler_name)  (the unique index decides duplicates)
+ *   handler (same transaction)
+ *   COMMIT, or ROLLBACK on anything but success
+ * and hands the job back to the loop thread through uv_async_send, where on_done runs. A job is
+ * "one message = one outcome", so batching later changes only the inside of a worker.
+ * Connections are opened lazily and dropped after an infrastructure error; the next job
+ * reconnects. Thread affinity: store_pool_new/submit/free on the loop thread; on_done runs there.
+ */
+#ifndef IDEMQ_STORE_H
+#define IDEMQ_STORE_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "config/config.h"
+#include "envelope/envelope.h"
+#include "policy/outcome.h"
+
+#define STORE_ERROR_MAX 1024
+
+typedef enum store_job_kind {
+    STORE_JOB_APPLY = 0,  /* dedup + handler in one transaction */
+    STORE_JOB_PING,       /* connect if needed and ping: the outage probe */
+} store_job_kind;
+
+typedef struct store_job store_job;
+typedef void (*store_done_cb)(store_job *job);
+
+struct store_job {
+    store_job *next;                  /* owned by the pool while queued */
+    store_job_kind kind;
+    size_t consumer_index;            /* index into cfg->consumers (and the handler state) */
+    const envelope *env;              /* borrowed until on_done */
+    store_done_cb on_done;            /* runs on the loop thread, exactly once per accepted job */
+    /* results, written by the worker */
+    apply_status status;
+    unsigned int mysql_errno;
+    uint64_t duration_ns;
+    char error[STORE_ERROR_MAX];
+};
+
+typedef struct store_pool store_pool;
+
+/*
+ * Starts cfg->workers threads. cfg is borrowed and must outlive the pool. Connections are made
+ * lazily, so this succeeds with the database down. Returns 0 or a negative errno-style code.
+ */
+int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *err,
+                   size_t err_len);
+
+/* Queues job (borrowed until its on_done). Returns 0, or -1 when the pool is shutting down
+ * (then on_done never runs). */
+int store_submit(store_pool *pool, store_job *job);
+
+/* Jobs queued or running, not yet handed back. */
+size_t store_pending(const store_pool *pool);
+
+/*
+ * Lets the workers finish every queued job, joins them, runs the remaining on_done callbacks and
+ * closes the async handle; the memory is released from its close callback, so keep running the
+ * loop afterwards. store_pool_free(NULL) is a no-op.
+ */
+void store_pool_free(store_pool *pool);
+
+/* Connects once with the config's URL, for `idemq check` and `idemq migrate`. Returns an owned
+ * connection or NULL with a reason in err. */
+struct st_mysql *store_connect(const config *cfg, char *err, size_t err_len);
+
+/* Creates msg_dedup if missing (idempotent). Returns 0 or -1 with a reason. */
+int store_migrate(struct st_mysql *db, char *err, size_t err_len);
+
+/* The DDL store_migrate runs; schemas/mysql/001_msg_dedup.sql holds the same statement. */
+extern const char store_dedup_ddl[];
+
+#endif

@@ -1,0 +1,419 @@
+/*
+ * harness — see harness.h. Test-only code: failures abort the test through cr_assert.
+ */
+#include "harness.h"
+
+#include <amqp_tcp_socket.h>
+#include <criterion/criterion.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "broker/connection.h"
+#include "store/dsn.h"
+#include "store/store.h"
+
+static const char *required_env(const char *name)
+{
+    const char *value = getenv(name);
+    cr_assert(value && *value, "%s is not set: run the integration tests through scripts/test "
+                               "(it starts RabbitMQ and MariaDB and exports the URLs)", name);
+    return value;
+}
+
+int64_t harness_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void mysql_url_for(const harness *h, char *buf, size_t len)
+{
+    const char *base = required_env("IDEMQ_TEST_MYSQL_URL");
+    const char *query = strchr(base, '?');
+    const char *path = strchr(base + strlen("mysql://"), '/');
+    cr_assert(path, "IDEMQ_TEST_MYSQL_URL has no database part");
+    snprintf(buf, len, "%.*s/%s%s", (int)(path - base), base, h->database, query ? query : "");
+}
+
+void harness_write_config(harness *h, const harness_options *o)
+{
+    static const harness_options defaults = {0};
+    if (!o)
+        o = &defaults;
+    char mysql_url[512];
+    mysql_url_for(h, mysql_url, sizeof mysql_url);
+    FILE *f = fopen(h->config_path, "w");
+    cr_assert(f, "cannot write %s", h->config_path);
+    fprintf(f,
+            "amqp: {url: \"%s\", prefetch: %u, heartbeat: 10s}\n"
+            "mysql: {url: \"%s\", workers: %u}\n"
+            "log: {level: info}\n"
+            "shutdown_timeout: %s\n"
+            "consumers:\n"
+            "  - queue: %s\n"
+            "    handler_name: pay-callback\n"
+            "    declare: %s\n"
+            "    queue_type: %s\n"
+            "    retry: {max_retries: %u, base: %s, jitter: %s, max_delay: %s}\n"
+            "    handler:\n"
+            "      type: state_machine\n"
+            "      table: orders\n"
+            "      key_column: order_id\n"
+            "      key_field: order_id\n"
+            "      state_column: status\n"
+            "      event_field: event_type\n"
+            "      on_illegal: %s\n"
+            "      transitions:\n"
+            "        PAY_SUCCESS:    {from: [PAYING], to: PAID}\n"
+            "        REFUND_START:   {from: [PAID], to: REFUNDING}\n"
+            "        REFUND_SUCCESS: {from: [REFUNDING], to: REFUNDED}\n"
+            "      set: {amount: amount}\n"
+            "%s",
+            required_env("IDEMQ_TEST_AMQP_URL"), o->prefetch ? o->prefetch : 64, mysql_url,
+            o->workers ? o->workers : 4, o->shutdown_timeout ? o->shutdown_timeout : "25s",
+            h->queue, o->declare ? o->declare : "create",
+            o->queue_type ? o->queue_type : "quorum", o->retry_set ? o->max_retries : 3,
+            o->base ? o->base : "100ms", o->jitter ? o->jitter : "50ms",
+            o->max_delay ? o->max_delay : "1h", o->on_illegal ? o->on_illegal : "dead_letter",
+            o->extra_consumer_yaml ? o->extra_consumer_yaml : "");
+    fclose(f);
+}
+
+static MYSQL *connect_database(const char *database)
+{
+    store_dsn dsn;
+    char err[256];
+    cr_assert(store_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, sizeof err) == 0,
+              "%s", err);
+    MYSQL *db = mysql_init(NULL);
+    cr_assert(db);
+    const char *host = dsn.socket[0] ? "localhost" : dsn.host;
+    cr_assert(mysql_real_connect(db, host, dsn.user, dsn.password, database, dsn.port,
+                                 dsn.socket[0] ? dsn.socket : NULL, 0),
+              "cannot connect to MariaDB: %s", mysql_error(db));
+    return db;
+}
+
+void harness_init(harness *h, const char *test_name, const harness_options *opts)
+{
+    memset(h, 0, sizeof *h);
+    size_t n = 0;
+    for (const char *p = test_name; *p && n < 40; p++)
+        h->name[n++] = isalnum((unsigned char)*p) ? (char)tolower((unsigned char)*p) : '_';
+    snprintf(h->queue, sizeof h->queue, "t.%s.%d", h->name, (int)getpid());
+    snprintf(h->database, sizeof h->database, "idemq_t_%s_%d", h->name, (int)getpid());
+    snprintf(h->dir, sizeof h->dir, "/tmp/idemq-test-XXXXXX");
+    cr_assert(mkdtemp(h->dir), "mkdtemp: %s", strerror(errno));
+    snprintf(h->config_path, sizeof h->config_path, "%s/idemq.yaml", h->dir);
+    snprintf(h->log_path, sizeof h->log_path, "%s/idemq.log", h->dir);
+
+    mysql_library_init(0, NULL, NULL);
+    MYSQL *admin = connect_database(NULL);
+    char sql[512];
+    snprintf(sql, sizeof sql, "DROP DATABASE IF EXISTS `%s`", h->database);
+    cr_assert(mysql_query(admin, sql) == 0, "%s", mysql_error(admin));
+    snprintf(sql, sizeof sql, "CREATE DATABASE `%s` CHARACTER SET utf8mb4", h->database);
+    cr_assert(mysql_query(admin, sql) == 0, "%s", mysql_error(admin));
+    mysql_close(admin);
+    h->db = connect_database(h->database);
+    harness_sql(h, "%s", store_dedup_ddl);
+    harness_sql(h, "CREATE TABLE orders (order_id VARCHAR(64) PRIMARY KEY, "
+                   "status VARCHAR(32) NOT NULL, amount BIGINT NULL) ENGINE=InnoDB");
+
+    char err[512];
+    broker_open_options bo = {.url = required_env("IDEMQ_TEST_AMQP_URL"), .confirms = 1};
+    cr_assert(broker_open(&bo, &h->amqp, err, sizeof err) == 0, "RabbitMQ: %s", err);
+    harness_write_config(h, opts);
+}
+
+static void delete_queue(harness *h, const char *queue)
+{
+    amqp_queue_delete(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(queue), 0, 0);
+    if (amqp_get_rpc_reply(h->amqp).reply_type != AMQP_RESPONSE_NORMAL)
+        broker_reopen_channel(h->amqp);
+}
+
+void harness_fini(harness *h)
+{
+    char name[160];
+    if (h->amqp) {
+        delete_queue(h, h->queue);
+        for (int level = 1; level <= 32; level++) {
+            snprintf(name, sizeof name, "%s.retry.%d", h->queue, level);
+            delete_queue(h, name);
+        }
+        snprintf(name, sizeof name, "%s.dlq", h->queue);
+        delete_queue(h, name);
+        const char *suffixes[] = {".retry", ".dlx"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(name, sizeof name, "%s%s", h->queue, suffixes[i]);
+            amqp_exchange_delete(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0);
+            if (amqp_get_rpc_reply(h->amqp).reply_type != AMQP_RESPONSE_NORMAL)
+                broker_reopen_channel(h->amqp);
+        }
+        broker_close(h->amqp);
+        h->amqp = NULL;
+    }
+    if (h->db) {
+        char sql[256];
+        snprintf(sql, sizeof sql, "DROP DATABASE IF EXISTS `%s`", h->database);
+        mysql_query(h->db, sql);
+        mysql_close(h->db);
+        h->db = NULL;
+    }
+    mysql_library_end();
+}
+
+static void vsql(harness *h, const char *fmt, va_list ap)
+{
+    char sql[8192];
+    vsnprintf(sql, sizeof sql, fmt, ap);
+    cr_assert(mysql_query(h->db, sql) == 0, "SQL failed: %s\n  %s", mysql_error(h->db), sql);
+}
+
+void harness_sql(harness *h, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsql(h, fmt, ap);
+    va_end(ap);
+    MYSQL_RES *res = mysql_store_result(h->db);
+    if (res)
+        mysql_free_result(res);
+}
+
+long long harness_scalar(harness *h, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsql(h, fmt, ap);
+    va_end(ap);
+    MYSQL_RES *res = mysql_store_result(h->db);
+    cr_assert(res, "query returned no result set");
+    MYSQL_ROW row = mysql_fetch_row(res);
+    long long value = row && row[0] ? atoll(row[0]) : -1;
+    mysql_free_result(res);
+    return value;
+}
+
+void harness_insert_orders(harness *h, const char *prefix, int count, const char *state)
+{
+    /* Batches of 500 rows keep the statement far below max_allowed_packet. */
+    for (int start = 0; start < count; start += 500) {
+        char *sql = malloc(64 * 520 + 256);
+        cr_assert(sql);
+        int n = sprintf(sql, "INSERT INTO orders (order_id, status) VALUES ");
+        for (int i = start; i < count && i < start + 500; i++)
+            n += sprintf(sql + n, "%s('%s%d','%s')", i == start ? "" : ",", prefix, i, state);
+        harness_sql(h, "%s", sql);
+        free(sql);
+    }
+}
+
+static void wait_confirm(harness *h, uint64_t seq)
+{
+    for (;;) {
+        amqp_frame_t frame;
+        struct timeval timeout = {.tv_sec = 10};
+        int rc = amqp_simple_wait_frame_noblock(h->amqp, &frame, &timeout);
+        cr_assert(rc == AMQP_STATUS_OK, "waiting for a publisher confirm: %s",
+                  amqp_error_string2(rc));
+        if (frame.frame_type != AMQP_FRAME_METHOD)
+            continue;
+        if (frame.payload.method.id == AMQP_BASIC_ACK_METHOD) {
+            const amqp_basic_ack_t *ack = frame.payload.method.decoded;
+            if (ack->delivery_tag >= seq)
+                return;
+        }
+        cr_assert(frame.payload.method.id != AMQP_BASIC_NACK_METHOD, "publish was nacked");
+        cr_assert(frame.payload.method.id != AMQP_CHANNEL_CLOSE_METHOD, "channel closed");
+    }
+}
+
+void harness_publish(harness *h, const char *routing_key, const char *content_type,
+                     const void *body, size_t len, const amqp_table_t *headers)
+{
+    amqp_basic_properties_t props;
+    memset(&props, 0, sizeof props);
+    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
+    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+    if (content_type) {
+        props._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
+        props.content_type = amqp_cstring_bytes(content_type);
+    }
+    if (headers) {
+        props._flags |= AMQP_BASIC_HEADERS_FLAG;
+        props.headers = *headers;
+    }
+    amqp_bytes_t bytes = {.len = len, .bytes = (void *)body};
+    int rc = amqp_basic_publish(h->amqp, BROKER_CHANNEL, amqp_empty_bytes,
+                                amqp_cstring_bytes(routing_key ? routing_key : h->queue), 0, 0,
+                                &props, bytes);
+    cr_assert(rc == AMQP_STATUS_OK, "publish: %s", amqp_error_string2(rc));
+    wait_confirm(h, ++h->publish_seq);
+    amqp_maybe_release_buffers(h->amqp);
+}
+
+void harness_publish_event(harness *h, const char *order_id, const char *event, long amount)
+{
+    char body[512];
+    int n = snprintf(body, sizeof body,
+                     "{\"message_id\":\"m-%s-%s\",\"biz_key\":\"order_id:%s:%s\",\"order_id\":"
+                     "\"%s\",\"event_type\":\"%s\",\"amount\":%ld}",
+                     order_id, event, order_id, event, order_id, event, amount);
+    harness_publish(h, NULL, "application/json", body, (size_t)n, NULL);
+}
+
+long harness_queue_depth(harness *h, const char *queue)
+{
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(h->amqp, BROKER_CHANNEL,
+                                                     amqp_cstring_bytes(queue), 1, 0, 0, 0,
+                                                     amqp_empty_table);
+    if (!ok) {
+        broker_reopen_channel(h->amqp);
+        return -1;
+    }
+    return (long)ok->message_count;
+}
+
+bool harness_get(harness *h, const char *queue, amqp_message_t *out)
+{
+    amqp_rpc_reply_t reply = amqp_basic_get(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(queue), 1);
+    cr_assert(reply.reply_type == AMQP_RESPONSE_NORMAL, "basic.get on %s failed", queue);
+    if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
+        return false;
+    reply = amqp_read_message(h->amqp, BROKER_CHANNEL, out, 0);
+    cr_assert(reply.reply_type == AMQP_RESPONSE_NORMAL, "reading a message from %s failed", queue);
+    return true;
+}
+
+static pid_t spawn(harness *h, const char *const *argv, int out_fd)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        dup2(out_fd, STDOUT_FILENO);
+        dup2(out_fd, STDERR_FILENO);
+        setpgid(0, 0);
+        execv(IDEMQ_BINARY, (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", IDEMQ_BINARY, strerror(errno));
+        _exit(127);
+    }
+    (void)h;
+    return pid;
+}
+
+pid_t harness_spawn(harness *h)
+{
+    int fd = open(h->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    cr_assert(fd >= 0, "open %s: %s", h->log_path, strerror(errno));
+    const char *argv[] = {IDEMQ_BINARY, "run", "-c", h->config_path, NULL};
+    pid_t pid = spawn(h, argv, fd);
+    close(fd);
+    return pid;
+}
+
+int harness_run_cli(harness *h, char **output, const char *const *args)
+{
+    char out_path[400];
+    snprintf(out_path, sizeof out_path, "%s/cli.out", h->dir);
+    int fd = open(out_path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    cr_assert(fd >= 0);
+    const char *argv[32] = {IDEMQ_BINARY};
+    size_t n = 1;
+    for (; args[n - 1] && n < 31; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = spawn(h, argv, fd);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (output) {
+        off_t size = lseek(fd, 0, SEEK_END);
+        *output = calloc(1, (size_t)size + 1);
+        cr_assert(*output);
+        cr_assert(pread(fd, *output, (size_t)size, 0) == size);
+    }
+    close(fd);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int harness_stop(pid_t pid, int sig, int timeout_ms)
+{
+    kill(pid, sig);
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    int status;
+    while (harness_now_ms() < deadline) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        struct timespec pause = {.tv_nsec = 10 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+}
+
+long harness_log_count(harness *h, const char *needle)
+{
+    FILE *f = fopen(h->log_path, "r");
+    if (!f)
+        return 0;
+    long count = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0)
+        if (strstr(line, needle))
+            count++;
+    free(line);
+    fclose(f);
+    return count;
+}
+
+bool harness_wait_for(bool (*cond)(harness *h, void *arg), harness *h, void *arg, int timeout_ms)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    for (;;) {
+        if (cond(h, arg))
+            return true;
+        if (harness_now_ms() >= deadline)
+            return false;
+        struct timespec pause = {.tv_nsec = 20 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+typedef struct scalar_wait {
+    const char *sql;
+    long long expected;
+    long long last;
+} scalar_wait;
+
+static bool scalar_reached(harness *h, void *arg)
+{
+    scalar_wait *w = arg;
+    w->last = harness_scalar(h, "%s", w->sql);
+    return w->last == w->expected;
+}
+
+bool harness_wait_scalar(harness *h, long long expected, int timeout_ms, const char *sql)
+{
+    scalar_wait w = {.sql = sql, .expected = expected};
+    bool ok = harness_wait_for(scalar_reached, h, &w, timeout_ms);
+    if (!ok)
+        cr_log_error("waited %d ms for `%s` = %lld; last value %lld", timeout_ms, sql, expected,
+                     w.last);
+    return ok;
+}

@@ -1,0 +1,94 @@
+/*
+ * harness — what integration tests share: real RabbitMQ and MariaDB (started by
+ * scripts/services, URLs in IDEMQ_TEST_AMQP_URL / IDEMQ_TEST_MYSQL_URL), a fresh database and
+ * fresh queue names per test, a config file writer, publishing with confirms, spawning the real
+ * idemq binary, and waiting for observable conditions with a deadline (never a bare sleep).
+ */
+#ifndef IDEMQ_TEST_HARNESS_H
+#define IDEMQ_TEST_HARNESS_H
+
+#include <amqp.h>
+#include <mysql.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct harness {
+    char name[64];          /* unique per test: queue name and database suffix */
+    char queue[96];
+    char database[96];
+    char dir[256];          /* temp dir for config and logs */
+    char config_path[320];
+    char log_path[320];
+    MYSQL *db;              /* connected to `database` */
+    amqp_connection_state_t amqp; /* confirm-mode channel 1 */
+    uint64_t publish_seq;
+} harness;
+
+typedef struct harness_options {
+    unsigned workers;       /* 0 → 4 */
+    unsigned prefetch;      /* 0 → 64 */
+    unsigned max_retries;   /* used when retry_set */
+    bool retry_set;
+    const char *base;       /* e.g. "100ms"; NULL → 100ms */
+    const char *jitter;     /* NULL → 50ms */
+    const char *max_delay;  /* NULL → 1h */
+    const char *queue_type; /* NULL → quorum */
+    const char *on_illegal; /* NULL → dead_letter */
+    const char *declare;    /* NULL → create */
+    const char *extra_consumer_yaml; /* appended inside the consumer (indented 4 spaces) */
+    const char *shutdown_timeout;    /* NULL → 25s */
+} harness_options;
+
+/* Creates database + orders/msg_dedup tables, a unique queue name, a config file, and an AMQP
+ * connection. Fails the test (cr_assert) when the services are not reachable. */
+void harness_init(harness *h, const char *test_name, const harness_options *opts);
+/* Deletes the queues/exchanges and the database, closes connections. */
+void harness_fini(harness *h);
+
+/* Rewrites the config file with other options (same queue and database). */
+void harness_write_config(harness *h, const harness_options *opts);
+
+/* SQL on the test database; fails the test on error. */
+void harness_sql(harness *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+long long harness_scalar(harness *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Inserts `count` orders named PREFIX<i> in state `state`. */
+void harness_insert_orders(harness *h, const char *prefix, int count, const char *state);
+
+/* Publishes body to the default exchange with routing key `routing_key` (NULL: h->queue) and
+ * waits for the confirm. content_type may be NULL. Optional headers table. */
+void harness_publish(harness *h, const char *routing_key, const char *content_type,
+                     const void *body, size_t len, const amqp_table_t *headers);
+/* Publishes a JSON payment event {biz_key, order_id, event_type, amount, message_id}. */
+void harness_publish_event(harness *h, const char *order_id, const char *event, long amount);
+
+/* Ready messages in a queue (passive declare). */
+long harness_queue_depth(harness *h, const char *queue);
+
+/* Gets one message from queue (auto-ack) into an owned amqp_message_t; false when empty. */
+bool harness_get(harness *h, const char *queue, amqp_message_t *out);
+
+/* Starts the real idemq binary: `idemq run -c h->config_path`, stderr+stdout to h->log_path
+ * (appending). Returns the pid. */
+pid_t harness_spawn(harness *h);
+/* Runs `idemq ARGS...` to completion; returns the exit code, output captured into *output
+ * (malloc'd, may be NULL). */
+int harness_run_cli(harness *h, char **output, const char *const *args);
+/* Sends sig and waits up to timeout_ms for exit; returns the exit status (or -1 on timeout,
+ * after which the process is killed). */
+int harness_stop(pid_t pid, int sig, int timeout_ms);
+
+/* Lines in the idemq log containing needle. */
+long harness_log_count(harness *h, const char *needle);
+
+/* Polls cond(arg) every 20 ms until true or timeout_ms passes; returns whether it became true. */
+bool harness_wait_for(bool (*cond)(harness *h, void *arg), harness *h, void *arg, int timeout_ms);
+/* Convenience: waits until `SELECT ...` returns expected. */
+bool harness_wait_scalar(harness *h, long long expected, int timeout_ms, const char *sql);
+
+/* Milliseconds since an arbitrary epoch (monotonic). */
+int64_t harness_now_ms(void);
+
+#endif
