@@ -43,7 +43,8 @@ typedef enum envelope_format {
 
 typedef struct envelope_limits {
     size_t max_body;  /* bytes; 0 means ENVELOPE_DEFAULT_MAX_BODY */
-    int max_depth;    /* nested maps/arrays; 0 means ENVELOPE_DEFAULT_MAX_DEPTH */
+    int max_depth;    /* nested maps/arrays; <= 0 means ENVELOPE_DEFAULT_MAX_DEPTH. msgpack-c's
+                         parser stack is fixed at 32 levels, so more only applies to JSON. */
 } envelope_limits;
 
 typedef struct envelope {
@@ -57,7 +58,9 @@ typedef struct envelope {
 /*
  * Decodes body into out.
  *   body, content_type: borrowed. content_type may be NULL or empty: the first non-blank byte
- *     decides ('{' → JSON, otherwise MessagePack). Parameters after ';' are ignored.
+ *     decides ('{' or '[' → JSON, a body of only white space → JSON and so a syntax error,
+ *     otherwise MessagePack). Content types match case-insensitively; parameters after ';' are
+ *     ignored.
  *   limits: borrowed, may be NULL for defaults.
  *   out: caller-owned storage; filled only on success, then release it with envelope_close.
  *   err/err_len: optional buffer for a human-readable reason (never contains more than 200 bytes

@@ -19,12 +19,15 @@
 #include "store/dsn.h"
 #include "store/mysql_error.h"
 
+/* Kept identical to schemas/mysql/001_msg_dedup.sql (a unit test compares them). biz_key is
+ * VARBINARY: utf8mb4 collations are case-insensitive and pad trailing spaces, which would make
+ * distinct keys collide and silently drop a business event as a "duplicate". */
 const char store_dedup_ddl[] =
     "CREATE TABLE IF NOT EXISTS msg_dedup (\n"
-    "  id BIGINT AUTO_INCREMENT PRIMARY KEY,\n"
-    "  biz_key VARCHAR(128) NOT NULL,\n"
-    "  handler_name VARCHAR(64) NOT NULL,\n"
-    "  created_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),\n"
+    "  id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n"
+    "  biz_key      VARBINARY(128) NOT NULL,\n"
+    "  handler_name VARCHAR(64)  NOT NULL,\n"
+    "  created_at   DATETIME(3)  NOT NULL DEFAULT CURRENT_TIMESTAMP(3),\n"
     "  UNIQUE KEY uk_biz_handler (biz_key, handler_name),\n"
     "  KEY idx_created_at (created_at)\n"
     ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";

@@ -1,0 +1,51 @@
+/*
+ * The DDL idemq migrate runs must be the one producers and DBAs read in schemas/mysql.
+ */
+#include <criterion/criterion.h>
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store.h"
+
+/* Drops SQL comments, the trailing semicolon and folds white space. */
+static void normalise(const char *in, char *out, size_t cap)
+{
+    size_t n = 0;
+    bool space = false;
+    for (const char *p = in; *p && n + 2 < cap; p++) {
+        if (p[0] == '-' && p[1] == '-') {
+            while (*p && *p != '\n')
+                p++;
+            if (!*p)
+                break;
+        }
+        if (isspace((unsigned char)*p)) {
+            space = n > 0;
+            continue;
+        }
+        if (*p == ';')
+            continue;
+        if (space)
+            out[n++] = ' ';
+        space = false;
+        out[n++] = *p;
+    }
+    out[n] = '\0';
+}
+
+Test(schema, migrate_ddl_matches_the_published_file)
+{
+    FILE *f = fopen(IDEMQ_SOURCE_DIR "/schemas/mysql/001_msg_dedup.sql", "r");
+    cr_assert(f, "schemas/mysql/001_msg_dedup.sql is missing");
+    static char text[16384], a[16384], b[16384];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    normalise(text, a, sizeof a);
+    normalise(store_dedup_ddl, b, sizeof b);
+    cr_expect_str_eq(a, b);
+    cr_expect(strstr(b, "VARBINARY(128)"), "biz_key must compare bytes exactly");
+    cr_expect(strstr(b, "UNIQUE KEY uk_biz_handler (biz_key, handler_name)"));
+}
