@@ -1,0 +1,1196 @@
+/*
+ * Unit tests for adapter/config: the YAML contract, defaults, environment overrides, every class
+ * of error with its file:line, the duration/size parsers and URL redaction.
+ *
+ * Each test writes its config into a fresh mkdtemp directory (Criterion forks per test, so the
+ * directory and any setenv stay private to the test) and captures the error stream with
+ * open_memstream.
+ */
+#include <criterion/criterion.h>
+
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config/config.h"
+
+#ifndef IDEMQ_SOURCE_DIR
+#define IDEMQ_SOURCE_DIR "."
+#endif
+
+static char tmpdir[64];
+
+static void setup(void)
+{
+    /* The developer's shell may export these; tests that want them set them explicitly. */
+    unsetenv("IDEMQ_AMQP_URL");
+    unsetenv("IDEMQ_MYSQL_URL");
+    strcpy(tmpdir, "/tmp/idemq-test-config-XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp failed");
+}
+
+static void teardown(void)
+{
+    DIR *d = opendir(tmpdir);
+    struct dirent *e;
+    char path[512];
+
+    if (!d)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
+        if (unlink(path) != 0)
+            rmdir(path);
+    }
+    closedir(d);
+    rmdir(tmpdir);
+}
+
+TestSuite(config, .init = setup, .fini = teardown);
+
+typedef struct result {
+    int rc;
+    config *cfg;
+    char *errs;
+    size_t errs_len;
+    char path[256];
+} result;
+
+static void write_text(const char *path, const char *text, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot create %s", path);
+    cr_assert_eq(fwrite(text, 1, len, f), len);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static result load_path(const char *path)
+{
+    result r = {0};
+    FILE *m = open_memstream(&r.errs, &r.errs_len);
+
+    cr_assert_not_null(m);
+    snprintf(r.path, sizeof r.path, "%s", path);
+    r.rc = config_load(path, m, &r.cfg);
+    cr_assert_eq(fclose(m), 0);
+    /* The contract: a config on success, NULL on failure, never both or neither. */
+    cr_assert_eq(r.rc == 0, r.cfg != NULL, "rc %d but cfg %p; errors:\n%s", r.rc, (void *)r.cfg,
+                 r.errs);
+    return r;
+}
+
+static result load_text(const char *text)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/idemq.yaml", tmpdir);
+    write_text(path, text, strlen(text));
+    return load_path(path);
+}
+
+static void result_free(result *r)
+{
+    config_free(r->cfg);
+    free(r->errs);
+}
+
+/* True when the errors hold a line "PATH:LINE: ..." (line 0: "PATH: ...") containing needle. */
+static bool has_error(const result *r, unsigned line, const char *needle)
+{
+    char prefix[320];
+    size_t plen;
+
+    if (line)
+        snprintf(prefix, sizeof prefix, "%s:%u: ", r->path, line);
+    else
+        snprintf(prefix, sizeof prefix, "%s: ", r->path);
+    plen = strlen(prefix);
+    for (const char *p = r->errs; p && *p;) {
+        const char *end = strchr(p, '\n');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n >= plen && !strncmp(p, prefix, plen)) {
+            char *copy = strndup(p, n);
+            bool found = strstr(copy, needle) != NULL;
+            free(copy);
+            if (found)
+                return true;
+        }
+        p += n + (end != NULL);
+    }
+    return false;
+}
+
+#define assert_error(r, line, needle)                                                              \
+    cr_assert(has_error(&(r), (line), (needle)),                                                   \
+              "expected an error at line %u with '%s'; got:\n%s", (unsigned)(line), (needle),      \
+              (r).errs)
+
+/*
+ * A valid config with one-line slots, so tests can plant a mistake at a known line:
+ * A = line 3 (in amqp), M = line 6 (in mysql), T = line 7 (top level), C = line 11 (in the
+ * consumer), H = line 19 (in the handler).
+ */
+enum { LINE_A = 3, LINE_M = 6, LINE_T = 7, LINE_C = 11, LINE_H = 19 };
+
+static result load_slots(const char *a, const char *m, const char *t, const char *c, const char *h)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    result r;
+
+    cr_assert_not_null(f);
+    fputs("amqp:\n"
+          "  url: \"amqp://guest:guest@127.0.0.1:5672/%2f\"\n",
+          f);
+    fprintf(f, "  %s\n", a ? a : "");
+    fputs("mysql:\n"
+          "  url: \"mysql://root@127.0.0.1:3306/idemq\"\n",
+          f);
+    fprintf(f, "  %s\n", m ? m : "");
+    fprintf(f, "%s\n", t ? t : "");
+    fputs("consumers:\n"
+          "  - queue: payments\n"
+          "    handler_name: pay-callback\n",
+          f);
+    fprintf(f, "    %s\n", c ? c : "");
+    fputs("    handler:\n"
+          "      type: state_machine\n"
+          "      table: orders\n"
+          "      key_column: order_id\n"
+          "      key_field: order_id\n"
+          "      state_column: status\n"
+          "      event_field: event_type\n",
+          f);
+    fprintf(f, "      %s\n", h ? h : "");
+    fputs("      transitions:\n"
+          "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n",
+          f);
+    cr_assert_eq(fclose(f), 0);
+    r = load_text(text);
+    free(text);
+    return r;
+}
+
+static const char contract_example[] =
+    "amqp:  {url: \"amqp://guest:guest@127.0.0.1:5672/%2f\", prefetch: 64, heartbeat: 30s, "
+    "max_body: 1MiB}\n"
+    "mysql: {url: \"mysql://root@127.0.0.1:3306/idemq\", workers: 4}   # ?socket=/path\n"
+    "log:   {level: info}          # debug | info | warn | error\n"
+    "http:  {listen: \"127.0.0.1:9464\"}\n"
+    "shutdown_timeout: 25s\n"
+    "consumers:\n"
+    "  - queue: payments\n"
+    "    handler_name: pay-callback\n"
+    "    declare: create          # create | passive\n"
+    "    queue_type: quorum       # quorum | classic\n"
+    "    retry: {max_retries: 6, base: 1s, jitter: 1s, max_delay: 1h}\n"
+    "    handler:\n"
+    "      type: state_machine\n"
+    "      table: orders\n"
+    "      key_column: order_id\n"
+    "      key_field: order_id\n"
+    "      state_column: status\n"
+    "      event_field: event_type\n"
+    "      on_illegal: dead_letter   # dead_letter | retry\n"
+    "      transitions:\n"
+    "        PAY_SUCCESS:    {from: [PAYING], to: PAID}\n"
+    "        REFUND_START:   {from: [PAID], to: REFUNDING}\n"
+    "        REFUND_SUCCESS: {from: [REFUNDING], to: REFUNDED}\n"
+    "      set: {amount: amount}     # optional: column: field (dotted path)\n";
+
+static void assert_transition(const config_transition *t, const char *event, const char *from,
+                              const char *to)
+{
+    cr_assert_str_eq(t->event, event);
+    cr_assert_eq(t->from_count, 1);
+    cr_assert_str_eq(t->from[0], from);
+    cr_assert_str_eq(t->to, to);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Valid files                                                                                 */
+
+Test(config, contract_example_loads_with_every_value)
+{
+    result r = load_text(contract_example);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.errs_len, 0);
+
+    const config *c = r.cfg;
+    cr_assert_str_eq(c->path, r.path);
+    cr_assert_str_eq(c->amqp_url, "amqp://guest:guest@127.0.0.1:5672/%2f");
+    cr_assert_eq(c->prefetch, 64);
+    cr_assert_eq(c->heartbeat_ms, 30000);
+    cr_assert_eq(c->max_body, 1024 * 1024);
+    cr_assert_str_eq(c->mysql_url, "mysql://root@127.0.0.1:3306/idemq");
+    cr_assert_eq(c->workers, 4);
+    cr_assert_eq(c->log_level, CONFIG_LOG_INFO);
+    cr_assert_str_eq(c->http_listen, "127.0.0.1:9464");
+    cr_assert_eq(c->shutdown_timeout_ms, 25000);
+    cr_assert_eq(c->consumer_count, 1);
+
+    const config_consumer *k = &c->consumers[0];
+    cr_assert_str_eq(k->queue, "payments");
+    cr_assert_str_eq(k->handler_name, "pay-callback");
+    cr_assert_eq(k->declare, CONFIG_DECLARE_CREATE);
+    cr_assert_eq(k->queue_type, CONFIG_QUEUE_QUORUM);
+    cr_assert_eq(k->retry.max_retries, 6);
+    cr_assert_eq(k->retry.base_ms, 1000);
+    cr_assert_eq(k->retry.jitter_ms, 1000);
+    cr_assert_eq(k->retry.max_delay_ms, 3600000);
+    cr_assert_eq(k->handler.type, CONFIG_HANDLER_STATE_MACHINE);
+
+    const config_state_machine *sm = &k->handler.state_machine;
+    cr_assert_str_eq(sm->table, "orders");
+    cr_assert_str_eq(sm->key_column, "order_id");
+    cr_assert_str_eq(sm->key_field, "order_id");
+    cr_assert_str_eq(sm->state_column, "status");
+    cr_assert_str_eq(sm->event_field, "event_type");
+    cr_assert_eq(sm->on_illegal, CONFIG_ON_ILLEGAL_DEAD_LETTER);
+    cr_assert_eq(sm->transition_count, 3);
+    assert_transition(&sm->transitions[0], "PAY_SUCCESS", "PAYING", "PAID");
+    assert_transition(&sm->transitions[1], "REFUND_START", "PAID", "REFUNDING");
+    assert_transition(&sm->transitions[2], "REFUND_SUCCESS", "REFUNDING", "REFUNDED");
+    cr_assert_eq(sm->set_count, 1);
+    cr_assert_str_eq(sm->set[0].column, "amount");
+    cr_assert_str_eq(sm->set[0].field, "amount");
+    result_free(&r);
+}
+
+Test(config, shipped_example_file_loads)
+{
+    result r = load_path(IDEMQ_SOURCE_DIR "/examples/idemq.yaml");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->mysql_url, "mysql://idemq:idemq@127.0.0.1:3306/idemq");
+    cr_assert_str_eq(r.cfg->amqp_url, "amqp://guest:guest@127.0.0.1:5672/%2f");
+    cr_assert_eq(r.cfg->consumers[0].handler.state_machine.transition_count, 3);
+    result_free(&r);
+}
+
+Test(config, minimal_config_gets_the_defaults)
+{
+    result r = load_text("amqp: {url: 'amqp://h'}\n"
+                         "mysql: {url: 'mysql://h/db'}\n"
+                         "consumers:\n"
+                         "  - queue: q\n"
+                         "    handler_name: h\n"
+                         "    handler:\n"
+                         "      table: t\n"
+                         "      key_column: id\n"
+                         "      key_field: id\n"
+                         "      state_column: s\n"
+                         "      event_field: e\n"
+                         "      transitions: {GO: {from: A, to: B}}\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    const config *c = r.cfg;
+    cr_assert_eq(c->prefetch, 64);
+    cr_assert_eq(c->heartbeat_ms, 30000);
+    cr_assert_eq(c->max_body, 1 << 20);
+    cr_assert_eq(c->workers, 4);
+    cr_assert_eq(c->log_level, CONFIG_LOG_INFO);
+    cr_assert_str_eq(c->http_listen, "127.0.0.1:9464");
+    cr_assert_eq(c->shutdown_timeout_ms, 25000);
+    const config_consumer *k = &c->consumers[0];
+    cr_assert_eq(k->declare, CONFIG_DECLARE_CREATE);
+    cr_assert_eq(k->queue_type, CONFIG_QUEUE_QUORUM);
+    cr_assert_eq(k->retry.max_retries, 6);
+    cr_assert_eq(k->retry.base_ms, 1000);
+    cr_assert_eq(k->retry.jitter_ms, 1000);
+    cr_assert_eq(k->retry.max_delay_ms, 3600000);
+    cr_assert_eq(k->handler.type, CONFIG_HANDLER_STATE_MACHINE);
+    cr_assert_eq(k->handler.state_machine.on_illegal, CONFIG_ON_ILLEGAL_DEAD_LETTER);
+    cr_assert_eq(k->handler.state_machine.set_count, 0);
+    cr_assert_null(k->handler.state_machine.set);
+    /* A bare state after from: is a one-element list. */
+    assert_transition(&k->handler.state_machine.transitions[0], "GO", "A", "B");
+    result_free(&r);
+}
+
+Test(config, non_default_values_and_two_consumers)
+{
+    result r =
+        load_text("amqp: {url: 'amqps://u:p@broker:5671/vh', prefetch: 1, heartbeat: 0,"
+                  " max_body: 64KiB}\n"
+                  "mysql: {url: 'mysql://u@/db?socket=/run/mysqld.sock', workers: 256}\n"
+                  "log: {level: debug}\n"
+                  "http: {listen: '[::1]:8080'}\n"
+                  "shutdown_timeout: 500ms\n"
+                  "consumers:\n"
+                  "  - queue: a\n"
+                  "    handler_name: ha\n"
+                  "    declare: passive\n"
+                  "    queue_type: classic\n"
+                  "    retry: {max_retries: 0, base: 100ms, jitter: 0, max_delay: 2s}\n"
+                  "    handler:\n"
+                  "      type: state_machine\n"
+                  "      table: t$1\n"
+                  "      key_column: id\n"
+                  "      key_field: payload.id\n"
+                  "      state_column: s\n"
+                  "      event_field: e\n"
+                  "      on_illegal: retry\n"
+                  "      transitions: {GO: {from: [A, B], to: C}}\n"
+                  "      set: {amount: payload.amount, note: note}\n"
+                  "  - queue: b\n"
+                  "    handler_name: hb\n"
+                  "    retry: {max_retries: 32}\n"
+                  "    handler: {table: t, key_column: id, key_field: id, "
+                  "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    const config *c = r.cfg;
+    cr_assert_eq(c->prefetch, 1);
+    cr_assert_eq(c->heartbeat_ms, 0);
+    cr_assert_eq(c->max_body, 65536);
+    cr_assert_eq(c->workers, 256);
+    cr_assert_eq(c->log_level, CONFIG_LOG_DEBUG);
+    cr_assert_str_eq(c->http_listen, "[::1]:8080");
+    cr_assert_eq(c->shutdown_timeout_ms, 500);
+    cr_assert_eq(c->consumer_count, 2);
+    cr_assert_eq(c->consumers[0].declare, CONFIG_DECLARE_PASSIVE);
+    cr_assert_eq(c->consumers[0].queue_type, CONFIG_QUEUE_CLASSIC);
+    cr_assert_eq(c->consumers[0].retry.max_retries, 0);
+    cr_assert_eq(c->consumers[0].retry.base_ms, 100);
+    cr_assert_eq(c->consumers[0].retry.jitter_ms, 0);
+    cr_assert_eq(c->consumers[0].retry.max_delay_ms, 2000);
+    const config_state_machine *sm = &c->consumers[0].handler.state_machine;
+    cr_assert_eq(sm->on_illegal, CONFIG_ON_ILLEGAL_RETRY);
+    cr_assert_str_eq(sm->key_field, "payload.id");
+    cr_assert_eq(sm->transitions[0].from_count, 2);
+    cr_assert_str_eq(sm->transitions[0].from[1], "B");
+    cr_assert_eq(sm->set_count, 2);
+    cr_assert_str_eq(sm->set[0].field, "payload.amount");
+    cr_assert_str_eq(sm->set[1].column, "note");
+    cr_assert_str_eq(c->consumers[1].queue, "b");
+    cr_assert_eq(c->consumers[1].retry.max_retries, 32);
+    cr_assert_eq(c->consumers[1].retry.base_ms, 1000);
+    result_free(&r);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Environment                                                                                 */
+
+Test(config, environment_overrides_both_urls)
+{
+    setenv("IDEMQ_AMQP_URL", "amqp://env:envpw@rabbit:5672/%2f", 1);
+    setenv("IDEMQ_MYSQL_URL", "mysql://env:envpw@db:3306/idemq", 1);
+    result r = load_text(contract_example);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->amqp_url, "amqp://env:envpw@rabbit:5672/%2f");
+    cr_assert_str_eq(r.cfg->mysql_url, "mysql://env:envpw@db:3306/idemq");
+    result_free(&r);
+}
+
+Test(config, environment_makes_urls_optional)
+{
+    setenv("IDEMQ_AMQP_URL", "amqp://rabbit", 1);
+    setenv("IDEMQ_MYSQL_URL", "mysql://db/idemq", 1);
+    result r =
+        load_text("consumers:\n"
+                  "  - queue: q\n"
+                  "    handler_name: h\n"
+                  "    handler: {table: t, key_column: id, key_field: id, "
+                  "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->amqp_url, "amqp://rabbit");
+    cr_assert_str_eq(r.cfg->mysql_url, "mysql://db/idemq");
+    result_free(&r);
+}
+
+Test(config, missing_urls_mention_the_environment)
+{
+    setenv("IDEMQ_AMQP_URL", "", 1); /* empty counts as unset */
+    result r =
+        load_text("consumers:\n"
+                  "  - queue: q\n"
+                  "    handler_name: h\n"
+                  "    handler: {table: t, key_column: id, key_field: id, "
+                  "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n");
+    cr_assert_eq(r.rc, -2, "rc %d, errors:\n%s", r.rc, r.errs);
+    assert_error(r, 1, "missing required key 'amqp.url'");
+    assert_error(r, 1, "IDEMQ_AMQP_URL");
+    assert_error(r, 1, "missing required key 'mysql.url'");
+    assert_error(r, 1, "IDEMQ_MYSQL_URL");
+    result_free(&r);
+}
+
+Test(config, bad_environment_url_is_reported_without_password)
+{
+    setenv("IDEMQ_AMQP_URL", "http://user:hunter2@rabbit", 1);
+    result r = load_text(contract_example);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 0, "IDEMQ_AMQP_URL");
+    assert_error(r, 0, "must start with amqp:// or amqps://");
+    cr_assert_null(strstr(r.errs, "hunter2"), "password leaked:\n%s", r.errs);
+    result_free(&r);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors: all at once, each with its line                                                     */
+
+Test(config, five_mistakes_are_all_reported_with_their_lines)
+{
+    result r = load_text("amqp:\n"                                             /* 1 */
+                         "  url: \"amqp://guest:guest@127.0.0.1:5672/%2f\"\n"  /* 2 */
+                         "  prefech: 64\n"                                     /* 3 */
+                         "mysql:\n"                                            /* 4 */
+                         "  url: \"mysql://root@127.0.0.1:3306/idemq\"\n"      /* 5 */
+                         "  workers: 0\n"                                      /* 6 */
+                         "log:\n"                                              /* 7 */
+                         "  level: verbose\n"                                  /* 8 */
+                         "shutdown_timeout: 25x\n"                             /* 9 */
+                         "consumers:\n"                                        /* 10 */
+                         "  - queue: payments\n"                               /* 11 */
+                         "    handler_name: pay-callback\n"                    /* 12 */
+                         "    handler:\n"                                      /* 13 */
+                         "      type: state_machine\n"                         /* 14 */
+                         "      table: \"orders; DROP TABLE x\"\n"             /* 15 */
+                         "      key_column: order_id\n"                        /* 16 */
+                         "      key_field: order_id\n"                         /* 17 */
+                         "      state_column: status\n"                        /* 18 */
+                         "      event_field: event_type\n"                     /* 19 */
+                         "      transitions:\n"                                /* 20 */
+                         "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n"); /* 21 */
+    cr_assert_eq(r.rc, -5, "rc %d, errors:\n%s", r.rc, r.errs);
+    assert_error(r, 3, "unknown key 'amqp.prefech' (did you mean 'amqp.prefetch'?)");
+    assert_error(r, 6, "mysql.workers: must be between 1 and 256, got 0");
+    assert_error(r, 8, "log.level: 'verbose' is not one of: debug, info, warn, error");
+    assert_error(r, 9, "shutdown_timeout: '25x' is not a valid duration");
+    assert_error(r, 15,
+                 "consumers[0].handler.table: 'orders; DROP TABLE x' is not a valid SQL "
+                 "identifier");
+
+    /* One line per problem, in file order. */
+    size_t lines = 0;
+    for (const char *p = r.errs; *p; p++)
+        lines += *p == '\n';
+    cr_assert_eq(lines, 5, "errors:\n%s", r.errs);
+    const char *l3 = strstr(r.errs, ":3: "), *l6 = strstr(r.errs, ":6: "),
+               *l8 = strstr(r.errs, ":8: "), *l9 = strstr(r.errs, ":9: "),
+               *l15 = strstr(r.errs, ":15: ");
+    cr_assert(l3 < l6 && l6 < l8 && l8 < l9 && l9 < l15, "not in line order:\n%s", r.errs);
+    result_free(&r);
+}
+
+Test(config, errors_stream_may_be_null)
+{
+    config *cfg = (config *)1;
+    char path[256];
+    snprintf(path, sizeof path, "%s/x.yaml", tmpdir);
+    write_text(path, "amqp: {prefetch: 0}\n", 20);
+    /* prefetch out of range, amqp.url, mysql.url and consumers missing. */
+    cr_assert_eq(config_load(path, NULL, &cfg), -4);
+    cr_assert_null(cfg);
+}
+
+Test(config, unknown_keys_suggest_or_list)
+{
+    result r = load_slots("heartbaet: 10s", NULL, "consumer:", "handlr_name: x", "tabel: t");
+    assert_error(r, LINE_A, "unknown key 'amqp.heartbaet' (did you mean 'amqp.heartbeat'?)");
+    assert_error(r, LINE_T, "unknown key 'consumer' (did you mean 'consumers'?)");
+    assert_error(r, LINE_C, "did you mean 'consumers[0].handler_name'?");
+    assert_error(r, LINE_H, "did you mean 'consumers[0].handler.table'?");
+    cr_assert_eq(r.rc, -4, "errors:\n%s", r.errs);
+    result_free(&r);
+
+    r = load_slots("completely_different: 1", NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, LINE_A,
+                 "unknown key 'amqp.completely_different' (known keys in amqp: url, "
+                 "prefetch, heartbeat, max_body)");
+    result_free(&r);
+}
+
+typedef struct slot_case {
+    char slot; /* A, M, T, C or H */
+    const char *text;
+    const char *error; /* NULL: must load */
+} slot_case;
+
+static result load_case(const slot_case *c)
+{
+    return load_slots(c->slot == 'A' ? c->text : NULL, c->slot == 'M' ? c->text : NULL,
+                      c->slot == 'T' ? c->text : NULL, c->slot == 'C' ? c->text : NULL,
+                      c->slot == 'H' ? c->text : NULL);
+}
+
+static unsigned slot_line(char slot)
+{
+    switch (slot) {
+    case 'A':
+        return LINE_A;
+    case 'M':
+        return LINE_M;
+    case 'T':
+        return LINE_T;
+    case 'C':
+        return LINE_C;
+    default:
+        return LINE_H;
+    }
+}
+
+static void run_cases(const slot_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        result r = load_case(&cases[i]);
+        if (!cases[i].error) {
+            cr_assert_eq(r.rc, 0, "'%s' should load; errors:\n%s", cases[i].text, r.errs);
+        } else {
+            cr_assert_eq(r.rc, -1, "'%s': rc %d, errors:\n%s", cases[i].text, r.rc, r.errs);
+            cr_assert(has_error(&r, slot_line(cases[i].slot), cases[i].error),
+                      "'%s': expected '%s' at line %u; got:\n%s", cases[i].text, cases[i].error,
+                      slot_line(cases[i].slot), r.errs);
+        }
+        result_free(&r);
+    }
+}
+
+Test(config, bad_enum_values_list_the_allowed_ones)
+{
+    static const slot_case cases[] = {
+        {'T', "log: {level: loud}", "log.level: 'loud' is not one of: debug, info, warn, error"},
+        {'T', "log: {level: INFO}", "'INFO' is not one of: debug, info, warn, error"},
+        {'C', "declare: maybe", "consumers[0].declare: 'maybe' is not one of: create, passive"},
+        {'C', "queue_type: stream",
+         "consumers[0].queue_type: 'stream' is not one of: quorum, "
+         "classic"},
+        {'H', "on_illegal: ignore",
+         "consumers[0].handler.on_illegal: 'ignore' is not one of: "
+         "dead_letter, retry"},
+        {'T', "log: {level: warn}", NULL},
+        {'T', "log: {level: error}", NULL},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+Test(config, unknown_handler_type_stops_at_one_error)
+{
+    /* The other handler keys cannot be judged without a known type: one error, not seven. */
+    result r = load_text("amqp: {url: 'amqp://h'}\n"
+                         "mysql: {url: 'mysql://h/db'}\n"
+                         "consumers:\n"
+                         "  - queue: q\n"
+                         "    handler_name: h\n"
+                         "    handler:\n"
+                         "      type: sql\n"
+                         "      statements: []\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 7, "consumers[0].handler.type: 'sql' is not one of: state_machine");
+    result_free(&r);
+}
+
+Test(config, numbers_out_of_range)
+{
+    static const slot_case cases[] = {
+        {'A', "prefetch: 0", "amqp.prefetch: must be between 1 and 65535, got 0"},
+        {'A', "prefetch: 65536", "amqp.prefetch: must be between 1 and 65535, got 65536"},
+        {'A', "prefetch: -1", "amqp.prefetch: must be between 1 and 65535, got -1"},
+        {'A', "prefetch: 99999999999999999999999", "must be between 1 and 65535"},
+        {'A', "prefetch: 65535", NULL},
+        {'M', "workers: 257", "mysql.workers: must be between 1 and 256, got 257"},
+        {'A', "max_body: 512", "amqp.max_body: must be between 1KiB and 64MiB, got 512"},
+        {'A', "max_body: 65MiB", "amqp.max_body: must be between 1KiB and 64MiB, got 65MiB"},
+        {'A', "max_body: 64MiB", NULL},
+        {'A', "max_body: 1KB", "amqp.max_body: must be between 1KiB and 64MiB, got 1KB"},
+        {'A', "heartbeat: 2h", "amqp.heartbeat: must be between 0ms and 1h, got 2h"},
+        {'A', "heartbeat: 1500ms", "amqp.heartbeat: must be whole seconds, got 1500ms"},
+        {'A', "heartbeat: 0", NULL},
+        {'T', "shutdown_timeout: 2h", "shutdown_timeout: must be between 0ms and 1h, got 2h"},
+        {'C', "retry: {max_retries: 33}",
+         "consumers[0].retry.max_retries: must be between 0 and "
+         "32, got 33"},
+        {'C', "retry: {max_retries: 0}", NULL},
+        {'C', "retry: {base: 0s}", "consumers[0].retry.base: must be between 1ms and 7d, got 0s"},
+        {'C', "retry: {max_delay: 0}", "consumers[0].retry.max_delay: must be between 1ms and 7d"},
+        {'C', "retry: {jitter: 2d}", "consumers[0].retry.jitter: must be between 0ms and 1d"},
+        {'C', "retry: {jitter: 0}", NULL},
+        {'C', "retry: {base: 2h}", "consumers[0].retry: base (2h) is larger than max_delay (1h)"},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+Test(config, wrong_types)
+{
+    static const slot_case cases[] = {
+        {'A', "prefetch: \"64\"", "amqp.prefetch: expected an integer, got a quoted string"},
+        {'A', "prefetch: 1.5", "amqp.prefetch: expected an integer, got '1.5'"},
+        {'A', "prefetch: 0x40", "amqp.prefetch: expected an integer, got '0x40'"},
+        {'A', "prefetch: [64]", "amqp.prefetch: expected an integer, got a list"},
+        {'A', "prefetch:", "amqp.prefetch: no value given"},
+        {'M', "workers: {n: 4}", "mysql.workers: expected an integer, got a mapping"},
+        {'T', "log: info", "log: expected a mapping, got a string"},
+        {'T', "log:", "log: expected a mapping, got no value"},
+        {'T', "http: {listen: 9464}", "http.listen: '9464' is not a listen address: has no port"},
+        {'C', "retry: 5", "consumers[0].retry: expected a mapping, got a number"},
+        {'C', "declare: [create]",
+         "consumers[0].declare: expected one of: create, passive, "
+         "got a list"},
+        {'H', "set: [amount]",
+         "consumers[0].handler.set: expected a mapping of column: field, "
+         "got a list"},
+        {'H', "set: {amount: [a]}",
+         "consumers[0].handler.set.amount: expected a message field, "
+         "got a list"},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+Test(config, listen_addresses)
+{
+    static const slot_case cases[] = {
+        {'T', "http: {listen: '0.0.0.0:9464'}", NULL},
+        {'T', "http: {listen: 'localhost:1'}", NULL},
+        {'T', "http: {listen: ':9464'}",
+         "http.listen: ':9464' is not a listen address: has no host"},
+        {'T', "http: {listen: 'h:0'}", "has an invalid port"},
+        {'T', "http: {listen: 'h:65536'}", "has an invalid port"},
+        {'T', "http: {listen: '[::1'}", "unterminated IPv6 address"},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+Test(config, urls_are_checked_without_leaking_passwords)
+{
+    result r =
+        load_text("amqp: {url: 'http://guest:hunter2@h:5672/'}\n"
+                  "mysql: {url: 'mysql://root:hunter3@db:99999/x'}\n"
+                  "consumers:\n"
+                  "  - queue: q\n"
+                  "    handler_name: h\n"
+                  "    handler: {table: t, key_column: id, key_field: id, "
+                  "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n");
+    cr_assert_eq(r.rc, -2, "errors:\n%s", r.errs);
+    assert_error(r, 1, "amqp.url: 'http://guest:***@h:5672/' must start with amqp:// or amqps://");
+    assert_error(r, 2, "mysql.url: 'mysql://root:***@db:99999/x' has an invalid port");
+    cr_assert_null(strstr(r.errs, "hunter"), "password leaked:\n%s", r.errs);
+    result_free(&r);
+
+    /* The slot template already has amqp.url, so these replace it through a second file. */
+    static const struct {
+        const char *url, *error;
+    } cases[] = {
+        {"amqp://", "amqp.url: 'amqp://' has no host"},
+        {"amqp://u:p@/vh", "amqp.url: 'amqp://u:***@/vh' has no host"},
+        {"amqp://h /", "contains spaces or control characters"},
+        {"amqp://h:x", "has an invalid port"},
+        {"amqp://[::1]:5672/vh", NULL},
+        {"amqps://u:p@h:5671", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "amqp: {url: '%s'}\n"
+                 "mysql: {url: 'mysql://h/db'}\n"
+                 "consumers:\n"
+                 "  - {queue: q, handler_name: h, handler: {table: t, key_column: id, "
+                 "key_field: id, state_column: s, event_field: e, "
+                 "transitions: {X: {from: [A], to: B}}}}\n",
+                 cases[i].url);
+        r = load_text(text);
+        if (cases[i].error) {
+            cr_assert_eq(r.rc, -1, "'%s': errors:\n%s", cases[i].url, r.errs);
+            assert_error(r, 1, cases[i].error);
+        } else {
+            cr_assert_eq(r.rc, 0, "'%s': errors:\n%s", cases[i].url, r.errs);
+        }
+        result_free(&r);
+    }
+    /* A unix socket needs no host. */
+    r = load_text("amqp: {url: 'amqp://h'}\n"
+                  "mysql: {url: 'mysql://u@/db?socket=/tmp/m.sock'}\n"
+                  "consumers:\n"
+                  "  - queue: q\n"
+                  "    handler_name: h\n"
+                  "    handler: {table: t, key_column: id, key_field: id, "
+                  "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    result_free(&r);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Structure                                                                                   */
+
+Test(config, missing_required_keys)
+{
+    result r = load_text("amqp: {url: 'amqp://h'}\n"
+                         "mysql: {url: 'mysql://h/db'}\n"
+                         "consumers:\n"
+                         "  - queue: q\n" /* 4: handler_name missing */
+                         "    handler:\n"
+                         "      table: t\n" /* 6: the handler mapping */
+                         "      key_field: id\n"
+                         "      transitions: {X: {from: [A]}}\n" /* 8: to missing */
+                         "  - handler_name: h2\n");              /* 9: queue and handler missing */
+    cr_assert_eq(r.rc, -7, "rc %d, errors:\n%s", r.rc, r.errs);
+    assert_error(r, 4, "missing required key 'consumers[0].handler_name'");
+    assert_error(r, 6, "missing required key 'consumers[0].handler.key_column'");
+    assert_error(r, 6, "missing required key 'consumers[0].handler.state_column'");
+    assert_error(r, 6, "missing required key 'consumers[0].handler.event_field'");
+    assert_error(r, 8, "missing required key 'consumers[0].handler.transitions.X.to'");
+    assert_error(r, 9, "missing required key 'consumers[1].queue'");
+    assert_error(r, 9, "missing required key 'consumers[1].handler'");
+    result_free(&r);
+}
+
+Test(config, consumers_must_be_a_non_empty_list)
+{
+    result r = load_text("amqp: {url: 'amqp://h'}\nmysql: {url: 'mysql://h/db'}\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 1, "missing required key 'consumers'");
+    result_free(&r);
+
+    r = load_text("amqp: {url: 'amqp://h'}\nmysql: {url: 'mysql://h/db'}\nconsumers: []\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 3, "consumers: the list is empty");
+    result_free(&r);
+
+    r = load_text("amqp: {url: 'amqp://h'}\nmysql: {url: 'mysql://h/db'}\nconsumers: {q: 1}\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 3, "consumers: expected a list of consumers, got a mapping");
+    result_free(&r);
+
+    r = load_text("amqp: {url: 'amqp://h'}\nmysql: {url: 'mysql://h/db'}\nconsumers: [q]\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 3, "consumers[0]: expected a mapping, got a string");
+    result_free(&r);
+}
+
+Test(config, duplicate_keys_are_reported_at_the_second_one)
+{
+    result r = load_slots("prefetch: 10", "url: 'mysql://other/db'", NULL, NULL, "table: t2");
+    cr_assert_eq(r.rc, -2, "errors:\n%s", r.errs);
+    assert_error(r, LINE_M, "mysql.url: duplicate key (first given at line 5)");
+    assert_error(r, LINE_H, "consumers[0].handler.table: duplicate key (first given at line 14)");
+    result_free(&r);
+}
+
+Test(config, duplicate_queue_names)
+{
+    result r =
+        load_text("amqp: {url: 'amqp://h'}\n"
+                  "mysql: {url: 'mysql://h/db'}\n"
+                  "consumers:\n"
+                  "  - queue: payments\n"
+                  "    handler_name: a\n"
+                  "    handler: {table: t, key_column: id, key_field: id, "
+                  "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n"
+                  "  - queue: payments\n"
+                  "    handler_name: b\n"
+                  "    handler: {table: t, key_column: id, key_field: id, "
+                  "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n"
+                  "  - queue: payments.retry.3\n"
+                  "    handler_name: c\n"
+                  "    handler: {table: t, key_column: id, key_field: id, "
+                  "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n"
+                  "  - queue: payments.dlq\n"
+                  "    handler_name: d\n"
+                  "    handler: {table: t, key_column: id, key_field: id, "
+                  "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n"
+                  "  - queue: payments.retry.7\n" /* beyond max_retries 6: a plain name */
+                  "    handler_name: e\n"
+                  "    handler: {table: t, key_column: id, key_field: id, "
+                  "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n");
+    cr_assert_eq(r.rc, -3, "errors:\n%s", r.errs);
+    assert_error(r, 7, "consumers[1].queue: queue 'payments' is already consumed by consumers[0]");
+    assert_error(r, 10, "consumers[2].queue: 'payments.retry.3' is a retry queue of consumers[0]");
+    assert_error(r, 13,
+                 "consumers[3].queue: 'payments.dlq' is the dead-letter queue of "
+                 "consumers[0]");
+    result_free(&r);
+}
+
+Test(config, names_and_identifiers)
+{
+    char long_handler[128], max_handler[128], long_queue[256], long_ident[128];
+    snprintf(long_handler, sizeof long_handler, "handler_name: %065d", 0);
+    snprintf(max_handler, sizeof max_handler, "handler_name: %064d", 0);
+    snprintf(long_queue, sizeof long_queue, "queue: %0201d", 0);
+    snprintf(long_ident, sizeof long_ident, "key_column: a%064d", 0);
+    const slot_case cases[] = {
+        {'C', long_handler, "handler_name is 65 bytes long; at most 64 are allowed"},
+        {'C', max_handler, NULL}, /* exactly 64 bytes is fine */
+        {'C', long_queue, "queue name is 201 bytes long; at most 200 are allowed"},
+        {'C', "queue: amq.payments", "queue names starting with 'amq.' are reserved"},
+        {'C', "queue: \"\"", "consumers[0].queue: queue name must not be empty"},
+        {'H', "table: \"orders; DROP TABLE x\"",
+         "'orders; DROP TABLE x' is not a valid SQL identifier: use 1 to 64 characters from"},
+        {'H', "table: `orders`", "YAML syntax error"},
+        {'H', "table: \"orders`\"", "'orders`' is not a valid SQL identifier"},
+        {'H', long_ident, "is not a valid SQL identifier"},
+        {'H', "state_column: \"st\\0x\"", "contains a NUL byte"},
+        {'H', "event_field: a..b", "field path 'a..b' has an empty segment"},
+        {'H', "key_field: \"a\\nb\"", "field path 'a\\x0ab' contains control characters"},
+        {'H', "set: {s: amount}", "column 's' is the key or state column"},
+        {'H', "set: {id: amount}", "column 'id' is the key or state column"},
+        {'H', "set: {x: amount, x: other}", "column 'x' is listed twice"},
+        {'H', "set: {\"a b\": amount}", "'a b' is not a valid SQL identifier"},
+    };
+    /* handler_name and queue slots repeat the template's keys, so use dedicated files. */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[2048];
+        const slot_case *c = &cases[i];
+        const char *handler_name = "handler_name: h", *queue = "queue: q";
+        const char *table = "table: t", *extra = "", *key_column = "key_column: id";
+        const char *state_column = "state_column: s", *event_field = "event_field: e";
+        const char *key_field = "key_field: id";
+
+        if (c->slot == 'C' && !strncmp(c->text, "handler_name:", 13))
+            handler_name = c->text;
+        else if (c->slot == 'C')
+            queue = c->text;
+        else if (!strncmp(c->text, "table:", 6))
+            table = c->text;
+        else if (!strncmp(c->text, "key_column:", 11))
+            key_column = c->text;
+        else if (!strncmp(c->text, "state_column:", 13))
+            state_column = c->text;
+        else if (!strncmp(c->text, "event_field:", 12))
+            event_field = c->text;
+        else if (!strncmp(c->text, "key_field:", 10))
+            key_field = c->text;
+        else
+            extra = c->text;
+        snprintf(text, sizeof text,
+                 "amqp: {url: 'amqp://h'}\n"
+                 "mysql: {url: 'mysql://h/db'}\n"
+                 "consumers:\n"
+                 "  - %s\n"       /* 4 */
+                 "    %s\n"       /* 5 */
+                 "    handler:\n" /* 6 */
+                 "      %s\n"     /* 7 */
+                 "      %s\n"     /* 8 */
+                 "      %s\n"     /* 9 */
+                 "      %s\n"     /* 10 */
+                 "      %s\n"     /* 11 */
+                 "      %s\n"     /* 12 */
+                 "      transitions: {X: {from: [A], to: B}}\n",
+                 queue, handler_name, table, key_column, key_field, state_column, event_field,
+                 extra);
+        result r = load_text(text);
+        if (!c->error) {
+            cr_assert_eq(r.rc, 0, "case %zu '%s' must load:\n%s", i, c->text, r.errs);
+        } else {
+            cr_assert_eq(r.rc, -1, "case %zu '%s': rc %d, errors:\n%s", i, c->text, r.rc, r.errs);
+            cr_assert_not_null(strstr(r.errs, c->error), "case %zu: expected '%s'; got:\n%s", i,
+                               c->error, r.errs);
+        }
+        result_free(&r);
+    }
+}
+
+Test(config, transitions_are_validated)
+{
+    static const struct {
+        const char *transitions;
+        int rc;
+        unsigned line;
+        const char *error;
+    } cases[] = {
+        {"transitions: {}", -1, 9, "transitions: no transitions; list at least one"},
+        {"transitions:", -1, 9, "transitions: expected a mapping of EVENT"},
+        {"transitions: [PAY]", -1, 9, "transitions: expected a mapping of EVENT"},
+        {"transitions: {PAY: {from: [A], to: B}, PAY: {from: [B], to: C}}", -1, 9,
+         "transitions: event 'PAY' is listed twice (first at line 9)"},
+        {"transitions: {PAY: {from: [], to: B}}", -1, 9,
+         "transitions.PAY.from: list 1 to 256 "
+         "states, got 0"},
+        {"transitions: {PAY: {from: [A, A], to: B}}", -1, 9, "from: state 'A' is listed twice"},
+        {"transitions: {PAY: {from: [A], to: B, too: C}}", -1, 9,
+         "unknown key 'consumers[0].handler.transitions.PAY.too' (did you mean"},
+        {"transitions: {PAY: {from: [A]}}", -1, 9,
+         "missing required key "
+         "'consumers[0].handler.transitions.PAY.to'"},
+        {"transitions: {PAY: {from: [{x: 1}], to: B}}", -1, 9,
+         "from[0]: expected a state, got "
+         "a mapping"},
+        {"transitions: {PAY: B}", -1, 9, "transitions.PAY: expected a mapping, got a string"},
+        {"transitions: {\"\": {from: [A], to: B}}", -1, 9, "event name must not be empty"},
+        {"transitions: {PAY: {from: [A], to: \"\"}}", -1, 9, "to: state must not be empty"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "amqp: {url: 'amqp://h'}\n"
+                 "mysql: {url: 'mysql://h/db'}\n"
+                 "consumers:\n"
+                 "  - queue: q\n"
+                 "    handler_name: h\n"
+                 "    handler:\n"
+                 "      table: t\n"
+                 "      key_column: id\n"
+                 "      %s\n" /* 9 */
+                 "      key_field: id\n"
+                 "      state_column: s\n"
+                 "      event_field: e\n",
+                 cases[i].transitions);
+        result r = load_text(text);
+        cr_assert_eq(r.rc, cases[i].rc, "case %zu: rc %d, errors:\n%s", i, r.rc, r.errs);
+        cr_assert(has_error(&r, cases[i].line, cases[i].error),
+                  "case %zu: expected '%s' at line %u; got:\n%s", i, cases[i].error, cases[i].line,
+                  r.errs);
+        result_free(&r);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Files and YAML                                                                              */
+
+Test(config, missing_file)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/nope.yaml", tmpdir);
+    result r = load_path(path);
+    cr_assert_eq(r.rc, -1);
+    assert_error(r, 0, "cannot open the config file: No such file or directory");
+    result_free(&r);
+}
+
+Test(config, directory_instead_of_file)
+{
+    result r = load_path(tmpdir);
+    cr_assert_eq(r.rc, -1);
+    assert_error(r, 0, "it is a directory");
+    result_free(&r);
+}
+
+Test(config, empty_and_non_mapping_files)
+{
+    static const struct {
+        const char *text;
+        unsigned line;
+        const char *error;
+    } cases[] = {
+        {"", 0, "the config file is empty"},
+        {"# only a comment\n\n", 0, "the config file is empty"},
+        {"---\n", 0, "the config file is empty"},
+        {"- a\n- b\n", 1, "expected a mapping at the top level, got a list"},
+        {"\n\njust text\n", 3, "expected a mapping at the top level, got a string"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        result r = load_text(cases[i].text);
+        cr_assert_eq(r.rc, -1, "case %zu: rc %d, errors:\n%s", i, r.rc, r.errs);
+        cr_assert(has_error(&r, cases[i].line, cases[i].error), "case %zu: got:\n%s", i, r.errs);
+        result_free(&r);
+    }
+}
+
+Test(config, yaml_syntax_error_has_its_line_and_stops)
+{
+    result r = load_text("amqp:\n"
+                         "  url: 'amqp://h'\n"
+                         "  prefetch: 0\n" /* would be an error, but parsing stops first */
+                         "mysql: {url: 'mysql://h/db'\n"
+                         "consumers: []\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    cr_assert(strstr(r.errs, "YAML syntax error"), "got:\n%s", r.errs);
+    cr_assert(has_error(&r, 5, "YAML syntax error"), "got:\n%s", r.errs);
+    result_free(&r);
+
+    r = load_text("amqp:\n  url: 'amqp://h\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 3, "YAML syntax error: found unexpected end of stream");
+    result_free(&r);
+
+    r = load_text("amqp:\n\tprefetch: 1\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 2, "YAML syntax error");
+    result_free(&r);
+
+    /* Invalid UTF-8 is a reader error, which carries only an offset: the line is derived. */
+    r = load_text("amqp:\n  url: 'amqp://h'\nlog: {level: \xff}\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 3, "YAML syntax error: invalid leading UTF-8 octet");
+    result_free(&r);
+}
+
+Test(config, aliases_tags_and_documents_are_refused)
+{
+    result r = load_slots("prefetch: &n 10", "workers: *n", NULL, NULL, NULL);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, LINE_M, "YAML aliases (*n) are not supported");
+    result_free(&r);
+
+    r = load_slots("prefetch: !!str 10", NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, LINE_A, "explicit YAML tags (tag:yaml.org,2002:str) are not supported");
+    result_free(&r);
+
+    r = load_text("log: {level: info}\n---\nlog: {level: debug}\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 2, "only one YAML document is allowed");
+    result_free(&r);
+}
+
+Test(config, hostile_sizes_are_bounded)
+{
+    /* Deep nesting stops at a fixed depth. */
+    char *deep = malloc(20000);
+    cr_assert_not_null(deep);
+    memset(deep, '[', 10000);
+    memset(deep + 10000, ']', 9999);
+    deep[19999] = '\0';
+    result r = load_text(deep);
+    free(deep);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 1, "nesting deeper than 32 levels");
+    result_free(&r);
+
+    /* Files over 1 MiB are refused before parsing. */
+    size_t big = 1024 * 1024 + 1;
+    char *text = malloc(big);
+    cr_assert_not_null(text);
+    memset(text, '#', big);
+    char path[256];
+    snprintf(path, sizeof path, "%s/big.yaml", tmpdir);
+    write_text(path, text, big);
+    free(text);
+    r = load_path(path);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 0, "the config file is larger than 1048576 bytes");
+    result_free(&r);
+
+    /* Thousands of mistakes are all counted, but only the first hundred are printed. */
+    size_t n = 5000, len = 0;
+    text = malloc(n * 16 + 16);
+    cr_assert_not_null(text);
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)sprintf(text + len, "k%zu: 1\n", i);
+    r = load_text(text);
+    free(text);
+    /* 5000 unknown keys + amqp.url, mysql.url and consumers missing. */
+    cr_assert_eq(r.rc, -5003);
+    cr_assert(strstr(r.errs, "4903 more problems not shown"), "tail:\n%s",
+              r.errs + (r.errs_len > 200 ? r.errs_len - 200 : 0));
+    result_free(&r);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Parsers and redaction                                                                       */
+
+Test(config, duration_parsing)
+{
+    static const struct {
+        const char *text;
+        int rc;
+        uint64_t ms;
+    } cases[] = {
+        {"250ms", 0, 250},
+        {"30s", 0, 30000},
+        {"5m", 0, 300000},
+        {"2h", 0, 7200000},
+        {"7d", 0, 604800000},
+        {"30", 0, 30000},
+        {"0", 0, 0},
+        {"0ms", 0, 0},
+        {"007s", 0, 7000},
+        {"18446744073709551615ms", 0, UINT64_MAX},
+        {"18446744073709552s", -1, 0},
+        {"99999999999999999999s", -1, 0},
+        {"18446744073709551616ms", -1, 0},
+        {"-1s", -1, 0},
+        {"+1s", -1, 0},
+        {"1x", -1, 0},
+        {"1.5s", -1, 0},
+        {"1 s", -1, 0},
+        {" 1s", -1, 0},
+        {"1S", -1, 0},
+        {"1h30m", -1, 0},
+        {"s", -1, 0},
+        {"", -1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint64_t ms = 12345;
+        int rc = config_parse_duration(cases[i].text, &ms);
+        cr_assert_eq(rc, cases[i].rc, "'%s': rc %d", cases[i].text, rc);
+        if (rc == 0)
+            cr_assert_eq(ms, cases[i].ms, "'%s': %llu ms", cases[i].text, (unsigned long long)ms);
+        else
+            cr_assert_eq(ms, 12345, "'%s': output written on failure", cases[i].text);
+    }
+    uint64_t ms;
+    cr_assert_eq(config_parse_duration(NULL, &ms), -1);
+}
+
+Test(config, size_parsing)
+{
+    static const struct {
+        const char *text;
+        int rc;
+        uint64_t bytes;
+    } cases[] = {
+        {"512", 0, 512},
+        {"512B", 0, 512},
+        {"1KB", 0, 1000},
+        {"64KiB", 0, 65536},
+        {"1MiB", 0, 1048576},
+        {"1MB", 0, 1000000},
+        {"1mib", 0, 1048576},
+        {"2GiB", 0, 2147483648u},
+        {"1GB", 0, 1000000000},
+        {"0", 0, 0},
+        {"18446744073709551615", 0, UINT64_MAX},
+        {"18446744073709551616", -1, 0},
+        {"99999999999999999999KiB", -1, 0},
+        {"17179869184GiB", -1, 0},
+        {"-1", -1, 0},
+        {"1x", -1, 0},
+        {"1K", -1, 0},
+        {"1.5MiB", -1, 0},
+        {"KiB", -1, 0},
+        {"", -1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t bytes = 777;
+        int rc = config_parse_size(cases[i].text, &bytes);
+        cr_assert_eq(rc, cases[i].rc, "'%s': rc %d", cases[i].text, rc);
+        if (rc == 0)
+            cr_assert_eq(bytes, cases[i].bytes, "'%s': %zu bytes", cases[i].text, bytes);
+        else
+            cr_assert_eq(bytes, 777, "'%s': output written on failure", cases[i].text);
+    }
+}
+
+Test(config, redact_url)
+{
+    static const struct {
+        const char *url, *want;
+    } cases[] = {
+        {"amqp://guest:guest@127.0.0.1:5672/%2f", "amqp://guest:***@127.0.0.1:5672/%2f"},
+        {"mysql://root@127.0.0.1:3306/idemq", "mysql://root@127.0.0.1:3306/idemq"},
+        {"mysql://127.0.0.1:3306/idemq", "mysql://127.0.0.1:3306/idemq"},
+        {"amqps://user:p%40ss%3Aw@host/vh", "amqps://user:***@host/vh"},
+        {"amqp://user:@host", "amqp://user:***@host"},
+        {"amqp://:secret@host", "amqp://:***@host"},
+        {"mysql://u:pw@/db?socket=/tmp/a@b.sock", "mysql://u:***@/db?socket=/tmp/a@b.sock"},
+        {"mysql://h/db?socket=/tmp/a@b", "mysql://h/db?socket=/tmp/a@b"},
+        /* A raw '/' or '@' inside the password: redact up to the last '@', never leak. */
+        {"amqp://user:pa/ss@host/vh", "amqp://user:***@host/vh"},
+        {"amqp://user:p@ss@host", "amqp://user:***@host"},
+        {"mysql://h/db?user=x&password=secret&ssl=1", "mysql://h/db?user=x&password=***&ssl=1"},
+        {"user:secret@host", "user:***@host"},
+        {"", ""},
+    };
+    char buf[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        config_redact_url(cases[i].url, buf, sizeof buf);
+        cr_assert_str_eq(buf, cases[i].want, "'%s' -> '%s'", cases[i].url, buf);
+    }
+    /* Truncation keeps the buffer terminated and shows no secret. */
+    char small[16];
+    config_redact_url("amqp://guest:topsecret@host", small, sizeof small);
+    cr_assert_str_eq(small, "amqp://guest:**");
+    config_redact_url(NULL, buf, sizeof buf);
+    cr_assert_str_eq(buf, "");
+    config_redact_url("amqp://a:b@c", buf, 0); /* must not write */
+}
+
+Test(config, free_null_is_a_noop)
+{
+    config_free(NULL);
+}
