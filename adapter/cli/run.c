@@ -24,9 +24,11 @@
 #include "broker/topology.h"
 #include "envelope/envelope.h"
 #include "ops/log.h"
+#include "ops/metrics.h"
 #include "policy/outcome.h"
 #include "store/store.h"
 
+#define HEALTH_PING_MS 5000
 #define PROBE_MIN_MS 500
 #define PROBE_MAX_MS 10000
 #define MAX_TRUSTED_RETRIES 1000
@@ -52,16 +54,18 @@ struct runner {
     store_pool *store;
     broker_session_callbacks callbacks;
     uv_signal_t sigterm, sigint;
-    uv_timer_t probe_timer, shutdown_timer;
+    uv_timer_t probe_timer, shutdown_timer, health_timer;
     store_job probe_job;
     bool probe_pending;
+    store_job health_job;        /* periodic ping so idemq_up{mysql} is right when idle */
+    bool health_pending;
     unsigned probe_attempt;
     bool paused;
     bool stopping;
     bool closed;
     size_t inflight;
     uint64_t rng;
-    uint64_t (*counts)[OUTCOME_LABEL_COUNT];   /* per consumer */
+    metrics *metrics;
 };
 
 static uint64_t next_random(runner *r)
@@ -84,7 +88,7 @@ static void close_everything(runner *r);
 
 static void maybe_finish_shutdown(runner *r)
 {
-    if (r->stopping && !r->closed && r->inflight == 0 && !r->probe_pending)
+    if (r->stopping && !r->closed && r->inflight == 0 && !r->probe_pending && !r->health_pending)
         close_everything(r);
 }
 
@@ -93,6 +97,7 @@ static void release(inflight *f)
     runner *r = f->r;
     if (f->decoded)
         envelope_close(&f->env);
+    metrics_inflight_add(r->metrics, f->msg->consumer_index, -1);
     broker_message_free(f->msg);
     free(f);
     r->inflight--;
@@ -114,7 +119,9 @@ static log_context context_of(const inflight *f, const char *outcome_name)
 
 static void count(inflight *f, outcome_label label)
 {
-    f->r->counts[f->msg->consumer_index][label]++;
+    metrics_count(f->r->metrics, f->msg->consumer_index, label);
+    if (label == OUTCOME_PROCESSED && f->retries > 0)
+        metrics_retry_recovered(f->r->metrics, f->msg->consumer_index);
 }
 
 static void on_copy_confirmed(void *arg, bool confirmed)
@@ -216,6 +223,8 @@ static void finish(inflight *f, apply_status status)
 static void on_applied(store_job *job)
 {
     inflight *f = (inflight *)job;
+    metrics_observe_handler(f->r->metrics, job->consumer_index, job->duration_ns);
+    metrics_set_up(f->r->metrics, METRICS_DEP_MYSQL, job->status != APPLY_UNAVAILABLE);
     finish(f, job->status);
 }
 
@@ -237,6 +246,7 @@ static void on_message(void *ctx, broker_message *msg)
     f->r = r;
     f->msg = msg;
     r->inflight++;
+    metrics_inflight_add(r->metrics, msg->consumer_index, 1);
     int64_t header_value;
     if (message_header_int(&msg->properties, HEADER_RETRIES, &header_value) && header_value > 0)
         f->retries = header_value > MAX_TRUSTED_RETRIES ? MAX_TRUSTED_RETRIES
@@ -274,6 +284,7 @@ static void on_probe_done(store_job *job)
 {
     runner *r = (runner *)((char *)job - offsetof(runner, probe_job));
     r->probe_pending = false;
+    metrics_set_up(r->metrics, METRICS_DEP_MYSQL, job->status == APPLY_COMMITTED);
     if (r->stopping) {
         maybe_finish_shutdown(r);
         return;
@@ -312,28 +323,53 @@ static void start_probe(runner *r)
     uv_timer_start(&r->probe_timer, on_probe_timer, delay, 0);
 }
 
+static void on_health_done(store_job *job)
+{
+    runner *r = (runner *)((char *)job - offsetof(runner, health_job));
+    r->health_pending = false;
+    metrics_set_up(r->metrics, METRICS_DEP_MYSQL, job->status == APPLY_COMMITTED);
+    maybe_finish_shutdown(r);
+}
+
+static void on_health_timer(uv_timer_t *timer)
+{
+    runner *r = timer->data;
+    if (r->stopping || r->health_pending || r->paused)
+        return; /* while paused the outage probe already pings */
+    memset(&r->health_job, 0, sizeof r->health_job);
+    r->health_job.kind = STORE_JOB_PING;
+    r->health_job.on_done = on_health_done;
+    if (store_submit(r->store, &r->health_job) == 0)
+        r->health_pending = true;
+}
+
 static void on_broker_up(void *ctx)
 {
     runner *r = ctx;
+    metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, true);
     log_info(LOG_NO_CONTEXT, "RabbitMQ connection ready%s", r->paused ? " (paused)" : "");
 }
 
 static void on_broker_down(void *ctx, const char *reason)
 {
-    (void)ctx;
+    runner *r = ctx;
+    metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, false);
     log_warn(LOG_NO_CONTEXT, "RabbitMQ down (%s); unacked deliveries will be redelivered", reason);
 }
 
 static void log_summary(runner *r)
 {
     for (size_t i = 0; i < r->cfg->consumer_count; i++) {
-        const uint64_t *c = r->counts[i];
         log_context ctx = {.queue = r->cfg->consumers[i].queue, .retries = -1};
         log_info(&ctx,
                  "summary processed=%" PRIu64 " deduped=%" PRIu64 " state_noop=%" PRIu64
                  " retried=%" PRIu64 " dead_lettered=%" PRIu64 " requeued=%" PRIu64,
-                 c[OUTCOME_PROCESSED], c[OUTCOME_DEDUPED], c[OUTCOME_STATE_NOOP],
-                 c[OUTCOME_RETRIED], c[OUTCOME_DEAD_LETTERED], c[OUTCOME_REQUEUED]);
+                 metrics_get_count(r->metrics, i, OUTCOME_PROCESSED),
+                 metrics_get_count(r->metrics, i, OUTCOME_DEDUPED),
+                 metrics_get_count(r->metrics, i, OUTCOME_STATE_NOOP),
+                 metrics_get_count(r->metrics, i, OUTCOME_RETRIED),
+                 metrics_get_count(r->metrics, i, OUTCOME_DEAD_LETTERED),
+                 metrics_get_count(r->metrics, i, OUTCOME_REQUEUED));
     }
 }
 
@@ -347,6 +383,8 @@ static void close_everything(runner *r)
     r->broker = NULL;
     uv_timer_stop(&r->probe_timer);
     uv_timer_stop(&r->shutdown_timer);
+    uv_timer_stop(&r->health_timer);
+    uv_close((uv_handle_t *)&r->health_timer, NULL);
     uv_close((uv_handle_t *)&r->probe_timer, NULL);
     uv_close((uv_handle_t *)&r->shutdown_timer, NULL);
     uv_close((uv_handle_t *)&r->sigterm, NULL);
@@ -375,6 +413,7 @@ static void on_signal(uv_signal_t *handle, int signum)
              signum, r->inflight);
     r->stopping = true;
     uv_timer_stop(&r->probe_timer);
+    uv_timer_stop(&r->health_timer);
     broker_set_consuming(r->broker, false);
     uv_timer_start(&r->shutdown_timer, on_shutdown_timeout, r->cfg->shutdown_timeout_ms, 0);
     maybe_finish_shutdown(r);
@@ -388,8 +427,8 @@ int cli_run(const config *cfg)
     runner *r = calloc(1, sizeof *r);
     if (!r)
         return 1;
-    r->counts = calloc(cfg->consumer_count, sizeof *r->counts);
-    if (!r->counts) {
+    r->metrics = metrics_new(cfg);
+    if (!r->metrics) {
         free(r);
         return 1;
     }
@@ -411,7 +450,8 @@ int cli_run(const config *cfg)
     }
     uv_timer_init(loop, &r->probe_timer);
     uv_timer_init(loop, &r->shutdown_timer);
-    r->probe_timer.data = r->shutdown_timer.data = r;
+    uv_timer_init(loop, &r->health_timer);
+    r->probe_timer.data = r->shutdown_timer.data = r->health_timer.data = r;
     uv_signal_init(loop, &r->sigterm);
     uv_signal_init(loop, &r->sigint);
     r->sigterm.data = r->sigint.data = r;
@@ -419,6 +459,7 @@ int cli_run(const config *cfg)
     uv_signal_start(&r->sigint, on_signal, SIGINT);
 
     int rc = broker_session_start(r->broker, err, sizeof err);
+    metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, rc == 0);
     if (rc != 0) {
         log_error(LOG_NO_CONTEXT, "%s", err);
         exit_code = rc == -2 ? EXIT_USAGE : 1;
@@ -427,6 +468,7 @@ int cli_run(const config *cfg)
         uv_run(loop, UV_RUN_DEFAULT);
         goto out_freed;
     }
+    uv_timer_start(&r->health_timer, on_health_timer, 0, HEALTH_PING_MS);
     for (size_t i = 0; i < cfg->consumer_count; i++) {
         log_context ctx = {.queue = cfg->consumers[i].queue, .retries = -1};
         log_info(&ctx, "consuming with handler %s (%zu DB workers, prefetch %u)",
@@ -436,14 +478,14 @@ int cli_run(const config *cfg)
     exit_code = 0;
 out_freed:
     uv_loop_close(loop);
-    free(r->counts);
+    metrics_free(r->metrics);
     free(r);
     return exit_code;
 out:
     store_pool_free(r->store);
     uv_run(loop, UV_RUN_DEFAULT);
     uv_loop_close(loop);
-    free(r->counts);
+    metrics_free(r->metrics);
     free(r);
     return exit_code;
 }

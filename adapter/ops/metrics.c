@@ -1,0 +1,218 @@
+/*
+ * metrics — see metrics.h. Fixed-size arrays per consumer; rendering builds the whole page in
+ * one growing buffer because a scrape is rare and small next to message traffic.
+ */
+#include "ops/metrics.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double bucket_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                       0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
+#define BUCKETS (sizeof bucket_bounds / sizeof bucket_bounds[0])
+
+typedef struct consumer_metrics {
+    uint64_t counts[OUTCOME_LABEL_COUNT];
+    uint64_t recovered;
+    uint64_t buckets[BUCKETS];   /* non-cumulative; cumulated when rendered */
+    uint64_t observations;
+    double seconds_sum;
+    int64_t inflight;
+} consumer_metrics;
+
+struct metrics {
+    const config *cfg;
+    consumer_metrics *consumers;
+    bool up[2];
+};
+
+metrics *metrics_new(const config *cfg)
+{
+    metrics *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->cfg = cfg;
+    m->consumers = calloc(cfg->consumer_count ? cfg->consumer_count : 1, sizeof *m->consumers);
+    if (!m->consumers) {
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void metrics_free(metrics *m)
+{
+    if (!m)
+        return;
+    free(m->consumers);
+    free(m);
+}
+
+void metrics_count(metrics *m, size_t consumer, outcome_label label)
+{
+    if (consumer < m->cfg->consumer_count && (unsigned)label < OUTCOME_LABEL_COUNT)
+        m->consumers[consumer].counts[label]++;
+}
+
+void metrics_retry_recovered(metrics *m, size_t consumer)
+{
+    if (consumer < m->cfg->consumer_count)
+        m->consumers[consumer].recovered++;
+}
+
+void metrics_observe_handler(metrics *m, size_t consumer, uint64_t duration_ns)
+{
+    if (consumer >= m->cfg->consumer_count)
+        return;
+    consumer_metrics *c = &m->consumers[consumer];
+    double seconds = (double)duration_ns / 1e9;
+    c->observations++;
+    c->seconds_sum += seconds;
+    for (size_t i = 0; i < BUCKETS; i++) {
+        if (seconds <= bucket_bounds[i]) {
+            c->buckets[i]++;
+            break;
+        }
+    }
+}
+
+void metrics_inflight_add(metrics *m, size_t consumer, int delta)
+{
+    if (consumer < m->cfg->consumer_count)
+        m->consumers[consumer].inflight += delta;
+}
+
+void metrics_set_up(metrics *m, metrics_dependency dependency, bool up)
+{
+    if ((unsigned)dependency < 2)
+        m->up[dependency] = up;
+}
+
+uint64_t metrics_get_count(const metrics *m, size_t consumer, outcome_label label)
+{
+    if (consumer >= m->cfg->consumer_count || (unsigned)label >= OUTCOME_LABEL_COUNT)
+        return 0;
+    return m->consumers[consumer].counts[label];
+}
+
+bool metrics_get_up(const metrics *m, metrics_dependency dependency)
+{
+    return (unsigned)dependency < 2 && m->up[dependency];
+}
+
+typedef struct text_buffer {
+    char *data;
+    size_t len, cap;
+    bool failed;
+} text_buffer;
+
+__attribute__((format(printf, 2, 3))) static void emit(text_buffer *b, const char *fmt, ...)
+{
+    if (b->failed)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = true;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = (b->cap + (size_t)n + 1) * 2;
+        char *grown = realloc(b->data, cap);
+        if (!grown) {
+            b->failed = true;
+            return;
+        }
+        b->data = grown;
+        b->cap = cap;
+    }
+}
+
+/* Label values escape backslash, double quote and newline (exposition format rules). */
+static void escape_label(const char *value, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (const char *p = value; *p && n + 3 < cap; p++) {
+        if (*p == '\\' || *p == '"') {
+            out[n++] = '\\';
+            out[n++] = *p;
+        } else if (*p == '\n') {
+            out[n++] = '\\';
+            out[n++] = 'n';
+        } else {
+            out[n++] = *p;
+        }
+    }
+    out[n] = '\0';
+}
+
+int metrics_render(const metrics *m, char **out, size_t *len)
+{
+    text_buffer b = {.cap = 4096};
+    b.data = malloc(b.cap);
+    if (!b.data)
+        return -1;
+    b.data[0] = '\0';
+    size_t n = m->cfg->consumer_count;
+    char queue[512];
+
+    emit(&b, "# HELP idemq_messages_total Messages settled, by outcome.\n"
+             "# TYPE idemq_messages_total counter\n");
+    for (size_t i = 0; i < n; i++) {
+        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
+        for (int label = 0; label < OUTCOME_LABEL_COUNT; label++)
+            emit(&b, "idemq_messages_total{queue=\"%s\",outcome=\"%s\"} %" PRIu64 "\n", queue,
+                 outcome_label_name((outcome_label)label), m->consumers[i].counts[label]);
+    }
+    emit(&b, "# HELP idemq_retry_recovered_total Messages processed after at least one retry.\n"
+             "# TYPE idemq_retry_recovered_total counter\n");
+    for (size_t i = 0; i < n; i++) {
+        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
+        emit(&b, "idemq_retry_recovered_total{queue=\"%s\"} %" PRIu64 "\n", queue,
+             m->consumers[i].recovered);
+    }
+    emit(&b, "# HELP idemq_handler_duration_seconds Time of one dedup + handler transaction.\n"
+             "# TYPE idemq_handler_duration_seconds histogram\n");
+    for (size_t i = 0; i < n; i++) {
+        const consumer_metrics *c = &m->consumers[i];
+        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
+        uint64_t cumulative = 0;
+        for (size_t k = 0; k < BUCKETS; k++) {
+            cumulative += c->buckets[k];
+            emit(&b, "idemq_handler_duration_seconds_bucket{queue=\"%s\",le=\"%g\"} %" PRIu64 "\n",
+                 queue, bucket_bounds[k], cumulative);
+        }
+        emit(&b, "idemq_handler_duration_seconds_bucket{queue=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
+             queue, c->observations);
+        emit(&b, "idemq_handler_duration_seconds_sum{queue=\"%s\"} %.9f\n", queue, c->seconds_sum);
+        emit(&b, "idemq_handler_duration_seconds_count{queue=\"%s\"} %" PRIu64 "\n", queue,
+             c->observations);
+    }
+    emit(&b, "# HELP idemq_inflight Deliveries received and not yet settled.\n"
+             "# TYPE idemq_inflight gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
+        emit(&b, "idemq_inflight{queue=\"%s\"} %" PRId64 "\n", queue, m->consumers[i].inflight);
+    }
+    emit(&b, "# HELP idemq_up Whether a dependency answers (1) or not (0).\n"
+             "# TYPE idemq_up gauge\n"
+             "idemq_up{dependency=\"rabbitmq\"} %d\n"
+             "idemq_up{dependency=\"mysql\"} %d\n",
+         m->up[METRICS_DEP_RABBITMQ] ? 1 : 0, m->up[METRICS_DEP_MYSQL] ? 1 : 0);
+    if (b.failed) {
+        free(b.data);
+        return -1;
+    }
+    *out = b.data;
+    *len = b.len;
+    return 0;
+}
