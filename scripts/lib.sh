@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2034 # globals set here are used by the scripts that source this file
+# Shared helpers for scripts/setup, scripts/services and scripts/test. Source it; don't run it.
+#
+# Everything here can be overridden from the environment:
+#   IDEMQ_AMQP_PORT           AMQP listener on 127.0.0.1            (default 5672)
+#   IDEMQ_MYSQL_PORT          MariaDB listener on 127.0.0.1         (default 3306)
+#   IDEMQ_RABBITMQ_DIST_PORT  Erlang distribution port, 127.0.0.1   (default AMQP port + 20000)
+#   IDEMQ_RABBITMQ_NODE       RabbitMQ node name                    (default rabbit@localhost)
+#   IDEMQ_START_TIMEOUT       seconds to wait for a server to be ready (default 120)
+#   IDEMQ_STATE_DIR           state folder                          (default $ROOT/.state)
+# A second, independent set of services on one machine needs distinct ports and node name.
+set -euo pipefail # the scripts that source this file run this way too
+
+if [[ -n ${IDEMQ_LIB_SOURCED:-} ]]; then
+  return 0
+fi
+IDEMQ_LIB_SOURCED=1
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+STATE_DIR=${IDEMQ_STATE_DIR:-$ROOT/.state}
+LOG_DIR=$STATE_DIR/logs
+ENV_FILE=$STATE_DIR/env
+
+IDEMQ_AMQP_PORT=${IDEMQ_AMQP_PORT:-5672}
+IDEMQ_MYSQL_PORT=${IDEMQ_MYSQL_PORT:-3306}
+IDEMQ_RABBITMQ_DIST_PORT=${IDEMQ_RABBITMQ_DIST_PORT:-$((IDEMQ_AMQP_PORT + 20000))}
+IDEMQ_RABBITMQ_NODE=${IDEMQ_RABBITMQ_NODE:-rabbit@localhost}
+IDEMQ_START_TIMEOUT=${IDEMQ_START_TIMEOUT:-120}
+# epmd (Erlang's port mapper, 4369) is started by the first Erlang node: keep it on loopback.
+export ERL_EPMD_ADDRESS=127.0.0.1
+
+# ---------------------------------------------------------------------------------------------
+# Messages: one clear line each, on stderr so that command substitutions stay clean.
+log() { printf '==> %s\n' "$*" >&2; }
+warn() { printf '==> WARNING: %s\n' "$*" >&2; }
+die() {
+  printf '==> ERROR: %s\n' "$*" >&2
+  exit 1
+}
+
+is_root() { [[ $(id -u) -eq 0 ]]; }
+
+# Run "$@" as root: directly when we are root, through sudo otherwise.
+as_root() {
+  if is_root; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    die "need root for: $* (run as root or install sudo)"
+  fi
+}
+
+# Run "$@" as USER when we are root (servers drop to their service users, as packaged);
+# as ourselves otherwise (a non-root developer runs the servers under their own account).
+as_user() {
+  local user=$1
+  shift
+  if is_root; then
+    runuser -u "$user" -- "$@"
+  else
+    "$@"
+  fi
+}
+
+# now_s: seconds since the epoch, with fractions, for timings.
+now_s() { date +%s.%N; }
+# elapsed START: seconds since START, one decimal.
+elapsed() { awk -v a="$1" -v b="$(now_s)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# port_open PORT: true if something accepts TCP connections on 127.0.0.1:PORT.
+port_open() {
+  # shellcheck disable=SC2016 # $1 is expanded by the inner bash
+  timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
+}
+
+# port_owner PORT: best-effort description of who listens on PORT (needs ss from iproute2).
+port_owner() {
+  if command -v ss >/dev/null 2>&1; then
+    ss -Hltnp "sport = :$1" 2>/dev/null |
+      sed -n 's/.*users:(("\([^"]*\)",pid=\([0-9]*\).*/(listening: \1, pid \2)/p' | head -n 1
+  fi
+}
+
+# pid_matches PIDFILE COMM DIR: print the pid and succeed if PIDFILE names a live process whose
+# command name is COMM and whose working folder or command line contains DIR (our own state
+# folder), so that a stale pid file whose number was reused is not mistaken for our server.
+pid_matches() {
+  local pidfile=$1 comm=$2 dir=$3 pid
+  [[ -r $pidfile ]] || return 1
+  pid=$(tr -dc '0-9' <"$pidfile")
+  [[ -n $pid ]] || return 1
+  [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$comm" ]] || return 1
+  if [[ $(readlink "/proc/$pid/cwd" 2>/dev/null) != "$dir"* ]]; then
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$dir" || return 1
+  fi
+  printf '%s\n' "$pid"
+}
+
+# wait_gone PID SECONDS: wait until PID has exited; false on timeout.
+wait_gone() {
+  local pid=$1 deadline=$((SECONDS + $2))
+  while kill -0 "$pid" 2>/dev/null; do
+    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]] && return 0
+    ((SECONDS < deadline)) || return 1
+    sleep 0.1
+  done
+}
+
+# show_tail FILE...: print the last lines of each existing file, for failure reports.
+show_tail() {
+  local f
+  for f in "$@"; do
+    [[ -s $f ]] || continue
+    printf -- '---- last lines of %s ----\n' "$f" >&2
+    tail -n "${TAIL_LINES:-40}" "$f" >&2
+  done
+}
+
+# ---------------------------------------------------------------------------------------------
+# Where the servers keep their data.
+#
+# The servers run as the packaged users 'rabbitmq' and 'mysql' when we are root, and those users
+# must be able to reach their folders: a project cloned under /root (mode 700) is not reachable
+# by them. Changing permissions of the user's parent folders would be intrusive, so in that case
+# (and when the MariaDB socket path would be too long for a unix socket, 107 bytes) the server
+# data goes to /var/tmp/idemq-<hash of the state path>, and $STATE_DIR/servers points there.
+# Everything else (logs, env file) stays in $STATE_DIR.
+resolve_server_dir() {
+  local dir=$STATE_DIR reason=""
+  mkdir -p "$STATE_DIR" "$LOG_DIR"
+  if is_root; then
+    local u
+    for u in rabbitmq mysql; do
+      if id -u "$u" >/dev/null 2>&1 && ! runuser -u "$u" -- test -x "$STATE_DIR" 2>/dev/null; then
+        reason="user '$u' cannot reach $STATE_DIR"
+        break
+      fi
+    done
+  fi
+  if [[ -z $reason && ${#STATE_DIR} -gt 80 ]]; then
+    reason="$STATE_DIR is too long for a unix socket path"
+  fi
+  if [[ -n $reason ]]; then
+    dir=/var/tmp/idemq-$(printf '%s' "$STATE_DIR" | sha256sum | cut -c1-12)
+    mkdir -p "$dir"
+    chmod 755 "$dir"
+    if [[ $(readlink "$STATE_DIR/servers" 2>/dev/null) != "$dir" ]]; then
+      ln -sfn "$dir" "$STATE_DIR/servers"
+      log "$reason: server data goes to $dir (linked as .state/servers)"
+    fi
+  fi
+  SERVER_DIR=$dir
+  RABBIT_DIR=$SERVER_DIR/rabbitmq
+  MARIA_DIR=$SERVER_DIR/mariadb
+  MARIA_SOCKET=$MARIA_DIR/sock
+  MARIA_CNF=$MARIA_DIR/my.cnf
+}
+
+# ---------------------------------------------------------------------------------------------
+# RabbitMQ environment: everything under $RABBIT_DIR, nothing from /etc/rabbitmq, listeners and
+# Erlang distribution on loopback only.
+RABBIT_BIN=/usr/lib/rabbitmq/bin
+RABBIT_HOME=/var/lib/rabbitmq # the rabbitmq user's HOME: its .erlang.cookie is shared by server and CLI
+
+rabbit_env() {
+  export RABBITMQ_NODENAME=$IDEMQ_RABBITMQ_NODE
+  export RABBITMQ_CONF_ENV_FILE=$RABBIT_DIR/rabbitmq-env.conf
+  export RABBITMQ_CONFIG_FILE=$RABBIT_DIR/rabbitmq.conf
+  export RABBITMQ_ADVANCED_CONFIG_FILE=$RABBIT_DIR/advanced.config
+  export RABBITMQ_MNESIA_BASE=$RABBIT_DIR/mnesia
+  export RABBITMQ_LOG_BASE=$RABBIT_DIR/log
+  export RABBITMQ_ENABLED_PLUGINS_FILE=$RABBIT_DIR/enabled_plugins
+  export RABBITMQ_FEATURE_FLAGS_FILE=$RABBIT_DIR/feature_flags
+  export RABBITMQ_PID_FILE=$RABBIT_DIR/rabbitmq.pid
+  export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+  export RABBITMQ_NODE_PORT=$IDEMQ_AMQP_PORT
+  export RABBITMQ_DIST_PORT=$IDEMQ_RABBITMQ_DIST_PORT
+  export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  export RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  export ERL_CRASH_DUMP=$RABBIT_DIR/log/erl_crash.dump
+  if is_root; then
+    RABBIT_RUN_HOME=$RABBIT_HOME
+  else
+    RABBIT_RUN_HOME=$RABBIT_DIR/home
+  fi
+}
+
+# as_rabbit CMD...: run as the user the broker runs as, with the HOME holding its Erlang cookie.
+# (Debian's /usr/sbin/rabbitmqctl does the same for root via su, so a plain
+# `rabbitmqctl -n rabbit@localhost ...` run by root also reaches this broker.)
+as_rabbit() {
+  rabbit_env
+  (cd / && as_user rabbitmq env HOME="$RABBIT_RUN_HOME" "$@")
+}
+
+# rmqctl ARGS...: rabbitmqctl against our node.
+rmqctl() { as_rabbit "$RABBIT_BIN/rabbitmqctl" -n "$IDEMQ_RABBITMQ_NODE" "$@"; }
+
+# ---------------------------------------------------------------------------------------------
+# MariaDB client helpers: connect as the server's root account through its unix socket.
+maria_admin() { mariadb-admin --defaults-file="$MARIA_CNF" --user=root "$@"; }
+maria_sql() { mariadb --defaults-file="$MARIA_CNF" --user=root --batch --skip-column-names "$@"; }
