@@ -24,8 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <jansson.h>
 #include <sys/stat.h>
 #include <yaml.h>
+
+#include "handlers/sql_template.h"
 
 /* Limits that keep a hostile or broken file from costing much memory or time. */
 #define CONFIG_MAX_FILE_BYTES (1024 * 1024)
@@ -35,6 +38,7 @@
 #define CONFIG_MAX_TRANSITIONS 1024
 #define CONFIG_MAX_FROM 256
 #define CONFIG_MAX_SET 256
+#define CONFIG_MAX_STATEMENTS 64
 
 #define IDENT_MAX 64        /* MySQL identifier length limit */
 #define QUEUE_MAX 200       /* leaves room for ".retry.N" / ".dlq" within AMQP's 255 */
@@ -43,12 +47,15 @@
 #define KEY_PATH_MAX 256    /* "consumers[3].handler.transitions.PAY.from" in messages */
 #define SHOW_MAX 60         /* bytes of a user value echoed in a message */
 #define OPT_TABLE_MAX 16    /* entries in one section table */
+#define SQL_TEXT_MAX 65536  /* bytes of one sql handler statement */
+#define PLUGIN_PATH_MAX 4096
 
 _Static_assert(sizeof(config_log_level) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(config_declare_mode) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(config_queue_type) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(config_handler_type) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(config_on_illegal) == sizeof(int), "enums are stored as int");
+_Static_assert(sizeof(config_on_mismatch) == sizeof(int), "enums are stored as int");
 
 /* ------------------------------------------------------------------------------------------ */
 /* Error collection                                                                            */
@@ -392,6 +399,7 @@ typedef int (*check_fn)(const char *text, char *why, size_t why_len);
 
 /* Checks "host:port" (host may be "[v6]"); host_required says whether an empty host is wrong. */
 static int check_host_port(const char *s, size_t n, bool host_required, bool port_required,
+                           bool port_zero_ok,
                            char *why, size_t why_len)
 {
     const char *end = s + n, *port = NULL;
@@ -429,8 +437,9 @@ static int check_host_port(const char *s, size_t n, bool host_required, bool por
         const char *p = port;
         for (; p < end && is_digit(*p) && v <= 65535; p++)
             v = v * 10 + (unsigned long)(*p - '0');
-        if (p == port || p != end || v == 0 || v > 65535) {
-            snprintf(why, why_len, "has an invalid port (expected 1..65535)");
+        if (p == port || p != end || (v == 0 && !port_zero_ok) || v > 65535) {
+            snprintf(why, why_len, "has an invalid port (expected %s..65535)",
+                     port_zero_ok ? "0" : "1");
             return -1;
         }
     }
@@ -473,7 +482,8 @@ static int check_url(const char *text, const char *const *schemes, const char *e
         host_off = (size_t)(at + 1 - auth);
     if (auth_len == host_off && socket_ok && (strstr(text, "?socket=") || strstr(text, "&socket=")))
         return 0;
-    if (check_host_port(auth + host_off, auth_len - host_off, true, false, sub, sizeof sub) < 0) {
+    if (check_host_port(auth + host_off, auth_len - host_off, true, false, false, sub,
+                        sizeof sub) < 0) {
         snprintf(why, why_len, "'%s' %s", shown, sub);
         return -1;
     }
@@ -495,7 +505,9 @@ static int check_mysql_url(const char *text, char *why, size_t why_len)
 static int check_listen(const char *text, char *why, size_t why_len)
 {
     char sub[128], shown[128];
-    if (check_host_port(text, strlen(text), true, true, sub, sizeof sub) < 0 || has_control(text)) {
+    /* Port 0 asks the kernel for a free port (logged at start): tests run several daemons. */
+    if (check_host_port(text, strlen(text), true, true, true, sub, sizeof sub) < 0 ||
+        has_control(text)) {
         snprintf(why, why_len, "'%s' is not a listen address: %s", show(shown, sizeof shown, text),
                  has_control(text) ? "contains control characters" : sub);
         return -1;
@@ -597,6 +609,41 @@ static int check_field(const char *text, char *why, size_t why_len)
     return 0;
 }
 
+/* The text of a sql handler statement. Newlines and tabs are fine (YAML block scalars); the
+ * placeholders are parsed afterwards by parse_statements. */
+static int check_sql(const char *text, char *why, size_t why_len)
+{
+    size_t n = strlen(text);
+    bool blank = true;
+    for (const char *p = text; *p && blank; p++)
+        blank = *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r';
+    if (blank) {
+        snprintf(why, why_len, "the statement is empty");
+        return -1;
+    }
+    if (n > SQL_TEXT_MAX) {
+        snprintf(why, why_len, "the statement is %zu bytes long; at most %d are allowed", n,
+                 SQL_TEXT_MAX);
+        return -1;
+    }
+    return 0;
+}
+
+/* A plugin is loaded by absolute path only: a relative one would depend on the working directory
+ * and a bare name on the dynamic loader's search path. */
+static int check_plugin_path(const char *text, char *why, size_t why_len)
+{
+    char shown[128];
+    if (check_bounded(text, PLUGIN_PATH_MAX, "plugin path", why, why_len) < 0)
+        return -1;
+    if (text[0] != '/') {
+        snprintf(why, why_len, "plugin path '%s' must be absolute (start with /)",
+                 show(shown, sizeof shown, text));
+        return -1;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Option tables                                                                               */
 
@@ -646,6 +693,10 @@ static void parse_transitions(load_ctx *ctx, const opt *o, yaml_node_t *node, vo
 static void parse_from(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
                        const char *path);
 static void parse_set(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base, const char *path);
+static void parse_statements(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
+                             const char *path);
+static void parse_plugin_config(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
+                                const char *path);
 
 /* The tables are laid out by hand, one entry per paragraph, to read like a reference. */
 /* clang-format off */
@@ -655,8 +706,9 @@ static void parse_set(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const declare_names[] = {"create", "passive", NULL};
 static const char *const queue_type_names[] = {"quorum", "classic", NULL};
-static const char *const handler_type_names[] = {"state_machine", NULL};
+static const char *const handler_type_names[] = {"state_machine", "sql", "plugin", NULL};
 static const char *const on_illegal_names[] = {"dead_letter", "retry", NULL};
+static const char *const on_mismatch_names[] = {"dead_letter", "retry", NULL};
 
 static const opt amqp_table[] = {
     {.name = "url", .type = OPT_STRING, .flags = OPT_REQUIRED,
@@ -694,6 +746,19 @@ static const opt http_table[] = {
     {0},
 };
 
+/* Retention below 1h is accepted (tests use seconds) but logged as a warning at startup: a row
+ * must outlive any redelivery or replay of its message, or that copy is applied again. */
+static const opt dedup_table[] = {
+    {.name = "retention", .type = OPT_DURATION, .flags = OPT_WHOLE_SECONDS,
+     .offset = offsetof(config, dedup.retention_ms), .min = 0, .max = DAYS(3650), .def = "0",
+     .help = "age after which msg_dedup rows are deleted; 0 keeps them forever"},
+    {.name = "interval", .type = OPT_DURATION, .offset = offsetof(config, dedup.interval_ms),
+     .min = SECONDS(1), .max = DAYS(1), .def = "1m", .help = "time between retention sweeps"},
+    {.name = "batch", .type = OPT_UINT, .offset = offsetof(config, dedup.batch), .min = 1,
+     .max = 100000, .def = "1000", .help = "rows deleted per statement (one commit each)"},
+    {0},
+};
+
 static const opt top_table[] = {
     {.name = "amqp", .type = OPT_SECTION, .section = amqp_table, .help = "RabbitMQ connection"},
     {.name = "mysql", .type = OPT_SECTION, .section = mysql_table, .help = "MySQL connection"},
@@ -704,6 +769,8 @@ static const opt top_table[] = {
      .def = "25s", .help = "time to finish in-flight work after SIGTERM"},
     {.name = "consumers", .type = OPT_CUSTOM, .flags = OPT_REQUIRED, .parse = parse_consumers,
      .help = "a list of queues to consume, each with its handler"},
+    {.name = "dedup", .type = OPT_SECTION, .section = dedup_table,
+     .help = "retention of msg_dedup rows"},
     {0},
 };
 
@@ -733,7 +800,7 @@ static const opt consumer_table[] = {
      .names = queue_type_names, .def = "quorum", .help = "type of the retry and dead-letter queues"},
     {.name = "retry", .type = OPT_SECTION, .section = retry_table, .help = "retry schedule"},
     {.name = "handler", .type = OPT_CUSTOM, .flags = OPT_REQUIRED, .parse = parse_handler,
-     .help = "what to do with each message, e.g. type: state_machine"},
+     .help = "what to do with each message: type state_machine, sql or plugin"},
     {0},
 };
 
@@ -775,12 +842,47 @@ static const opt transition_table[] = {
     {0},
 };
 
+/* Entries of a sql handler; the base struct is config_handler. */
+static const opt sql_table[] = {
+    {.name = "type", .type = OPT_CUSTOM, .parse = parse_handler_type, .help = "handler type"},
+    {.name = "statements", .type = OPT_CUSTOM, .flags = OPT_REQUIRED, .parse = parse_statements,
+     .help = "a list of {sql: \"... :field ...\", expect_rows: N}, run in order"},
+    {.name = "on_mismatch", .type = OPT_ENUM, .offset = offsetof(config_handler, sql.on_mismatch),
+     .names = on_mismatch_names, .def = "dead_letter",
+     .help = "what a row count other than expect_rows does"},
+    {0},
+};
+
+/* One statement of a sql handler; the base struct is config_sql_statement. */
+static const opt statement_table[] = {
+    {.name = "sql", .type = OPT_STRING, .flags = OPT_REQUIRED,
+     .offset = offsetof(config_sql_statement, sql), .check = check_sql,
+     .help = "the statement, with :field placeholders bound from the message"},
+    {.name = "expect_rows", .type = OPT_UINT, .offset = offsetof(config_sql_statement, expect_rows),
+     .min = 0, .max = 4294967295u,
+     .help = "rows the statement must match (UPDATE/DELETE), insert or return (SELECT)"},
+    {0},
+};
+
+/* Entries of a plugin handler; the base struct is config_handler. */
+static const opt plugin_table[] = {
+    {.name = "type", .type = OPT_CUSTOM, .parse = parse_handler_type, .help = "handler type"},
+    {.name = "path", .type = OPT_STRING, .flags = OPT_REQUIRED,
+     .offset = offsetof(config_handler, plugin.path), .check = check_plugin_path,
+     .help = "absolute path of the plugin's shared object"},
+    {.name = "config", .type = OPT_CUSTOM, .parse = parse_plugin_config,
+     .help = "any YAML; passed to the plugin's init as JSON text"},
+    {0},
+};
+
 /* Handler types and the table that describes each. */
 static const struct handler_kind {
     config_handler_type type;
     const opt *table;
 } handler_kinds[] = {
     {CONFIG_HANDLER_STATE_MACHINE, state_machine_table},
+    {CONFIG_HANDLER_SQL, sql_table},
+    {CONFIG_HANDLER_PLUGIN, plugin_table},
 };
 
 /* clang-format on */
@@ -1324,7 +1426,8 @@ static void parse_handler(load_ctx *ctx, const opt *o, yaml_node_t *node, void *
     size_t before = ctx->total;
     (void)o;
 
-    if (!want_mapping(ctx, node, path, "a mapping with type: state_machine and its settings"))
+    if (!want_mapping(ctx, node, path,
+                      "a mapping with type: state_machine, sql or plugin and its settings"))
         return;
     type = mapping_get(ctx, node, "type");
     if (type) {
@@ -1343,6 +1446,9 @@ static void parse_handler(load_ctx *ctx, const opt *o, yaml_node_t *node, void *
     }
     apply_defaults(ctx, table, h);
     walk_table(ctx, table, node, h, path, node_line(node));
+    if (h->type == CONFIG_HANDLER_PLUGIN && !h->plugin.config_json &&
+        !(h->plugin.config_json = strdup("{}")))
+        report(ctx, node_line(node), "%s: out of memory", path);
 
     /* The UPDATE writes the state column and the set columns and filters on the key column:
      * any overlap would make the statement ambiguous. */
@@ -1515,6 +1621,188 @@ static void parse_set(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base
         join_path(cpath, sizeof cpath, path, show(shown, sizeof shown, s->column));
         s->field = take_string(ctx, value, cpath, "a message field", check_field);
     }
+}
+
+/* Parses one statement's placeholders into st (see handlers/sql_template.h for the rule) and
+ * refuses statements that would end the transaction. sql_node gives the line. */
+static void parse_statement_text(load_ctx *ctx, config_sql_statement *st, const yaml_node_t *sql_node,
+                                 const char *path)
+{
+    sql_template t;
+    char why[512], keyword[32];
+
+    if (!sql_keeps_transaction(st->sql, keyword, sizeof keyword)) {
+        char shown[128];
+        report(ctx, node_line(sql_node),
+               "%s.sql: a %s statement cannot run inside idemq's transaction (it would commit "
+               "or end it); use SELECT, INSERT, UPDATE, DELETE, REPLACE, WITH, DO, CALL or "
+               "SAVEPOINT",
+               path, show(shown, sizeof shown, keyword));
+        return;
+    }
+    if (sql_template_parse(st->sql, &t, why, sizeof why) < 0) {
+        report(ctx, node_line(sql_node), "%s.sql: %s", path, why);
+        return;
+    }
+    st->prepared = t.sql;
+    st->params = t.params;
+    st->param_count = t.param_count;
+}
+
+static void parse_statements(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
+                             const char *path)
+{
+    config_sql *sql = &((config_handler *)base)->sql;
+    size_t n;
+    (void)o;
+
+    if (node->type != YAML_SEQUENCE_NODE) {
+        report(ctx, node_line(node), "%s: expected a list of {sql: ..., expect_rows: N}, got %s",
+               path, node_kind(node));
+        return;
+    }
+    n = (size_t)(node->data.sequence.items.top - node->data.sequence.items.start);
+    if (n == 0) {
+        report(ctx, node_line(node), "%s: the list is empty; give at least one statement", path);
+        return;
+    }
+    if (n > CONFIG_MAX_STATEMENTS) {
+        report(ctx, node_line(node), "%s: %zu statements; at most %d are supported", path, n,
+               CONFIG_MAX_STATEMENTS);
+        return;
+    }
+    sql->statements = calloc(n, sizeof *sql->statements);
+    if (!sql->statements) {
+        report(ctx, node_line(node), "%s: out of memory", path);
+        return;
+    }
+    sql->statement_count = n;
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = get_node(ctx, node->data.sequence.items.start[i]);
+        config_sql_statement *st = &sql->statements[i];
+        yaml_node_t *sql_node = item;
+        char ipath[KEY_PATH_MAX];
+        size_t before = ctx->total;
+
+        if (!item)
+            continue;
+        snprintf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (item->type == YAML_SCALAR_NODE) {
+            /* A bare string is a statement without expect_rows. */
+            char spath[KEY_PATH_MAX + 8];
+            join_path(spath, sizeof spath, ipath, "sql");
+            st->sql = take_string(ctx, item, spath, "a statement", check_sql);
+        } else {
+            walk_table(ctx, statement_table, item, st, ipath, node_line(item));
+            st->expect_rows_set = mapping_get(ctx, item, "expect_rows") != NULL;
+            sql_node = mapping_get(ctx, item, "sql");
+        }
+        if (st->sql && ctx->total == before)
+            parse_statement_text(ctx, st, sql_node ? sql_node : item, ipath);
+    }
+}
+
+/* A plain YAML scalar as the JSON value a reader of the YAML would expect: null, true/false,
+ * an integer, a number, or else a string. Quoted scalars are always strings. */
+static json_t *scalar_to_json(const yaml_node_t *node)
+{
+    const char *s = scalar_text(node);
+    char *end = NULL;
+
+    if (node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return json_stringn(s, node->data.scalar.length);
+    if (is_null(node))
+        return json_null();
+    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE"))
+        return json_true();
+    if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE"))
+        return json_false();
+    if (looks_numeric(s)) {
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (end && !*end && errno == 0)
+            return json_integer((json_int_t)v);
+        errno = 0;
+        double d = strtod(s, &end);
+        if (end && !*end && errno == 0)
+            return json_real(d);
+    }
+    return json_stringn(s, node->data.scalar.length);
+}
+
+/* Converts a YAML subtree into a new JSON value, or NULL after reporting why. The event check
+ * already bounded the depth and refused aliases. */
+static json_t *yaml_to_json(load_ctx *ctx, const yaml_node_t *node, const char *path)
+{
+    json_t *out;
+
+    switch (node->type) {
+    case YAML_SCALAR_NODE:
+        out = scalar_to_json(node);
+        break;
+    case YAML_SEQUENCE_NODE:
+        out = json_array();
+        for (yaml_node_item_t *it = node->data.sequence.items.start;
+             out && it < node->data.sequence.items.top; it++) {
+            yaml_node_t *item = get_node(ctx, *it);
+            json_t *v = item ? yaml_to_json(ctx, item, path) : json_null();
+            if (!v || json_array_append_new(out, v) != 0) {
+                json_decref(out);
+                return NULL;
+            }
+        }
+        break;
+    case YAML_MAPPING_NODE:
+        out = json_object();
+        for (yaml_node_pair_t *p = node->data.mapping.pairs.start;
+             out && p < node->data.mapping.pairs.top; p++) {
+            yaml_node_t *key = get_node(ctx, p->key), *value = get_node(ctx, p->value);
+            const char *name;
+            json_t *v;
+            if (!key || !value)
+                continue;
+            name = want_string(ctx, key, path, "a key name");
+            if (!name) {
+                json_decref(out);
+                return NULL;
+            }
+            if (json_object_get(out, name)) {
+                char shown[128];
+                report(ctx, node_line(key), "%s: key '%s' is given twice", path,
+                       show(shown, sizeof shown, name));
+                json_decref(out);
+                return NULL;
+            }
+            v = yaml_to_json(ctx, value, path);
+            if (!v || json_object_set_new(out, name, v) != 0) {
+                json_decref(out);
+                return NULL;
+            }
+        }
+        break;
+    default:
+        out = json_null();
+        break;
+    }
+    if (!out)
+        report(ctx, node_line(node), "%s: out of memory", path);
+    return out;
+}
+
+static void parse_plugin_config(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
+                                const char *path)
+{
+    config_plugin *plugin = &((config_handler *)base)->plugin;
+    json_t *tree = yaml_to_json(ctx, node, path);
+    (void)o;
+
+    if (!tree)
+        return;
+    free(plugin->config_json);
+    plugin->config_json = json_dumps(tree, JSON_COMPACT | JSON_ENCODE_ANY | JSON_SORT_KEYS);
+    json_decref(tree);
+    if (!plugin->config_json)
+        report(ctx, node_line(node), "%s: out of memory", path);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1771,6 +2059,19 @@ static void free_state_machine(config_state_machine *sm)
     free(sm->set);
 }
 
+static void free_sql(config_sql *sql)
+{
+    for (size_t i = 0; i < sql->statement_count; i++) {
+        config_sql_statement *st = &sql->statements[i];
+        free(st->sql);
+        free(st->prepared);
+        for (size_t j = 0; j < st->param_count; j++)
+            free(st->params[j]);
+        free(st->params);
+    }
+    free(sql->statements);
+}
+
 void config_free(config *cfg)
 {
     if (!cfg)
@@ -1779,6 +2080,9 @@ void config_free(config *cfg)
         free(cfg->consumers[i].queue);
         free(cfg->consumers[i].handler_name);
         free_state_machine(&cfg->consumers[i].handler.state_machine);
+        free_sql(&cfg->consumers[i].handler.sql);
+        free(cfg->consumers[i].handler.plugin.path);
+        free(cfg->consumers[i].handler.plugin.config_json);
     }
     free(cfg->consumers);
     free(cfg->path);

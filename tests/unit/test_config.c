@@ -578,10 +578,11 @@ Test(config, unknown_handler_type_stops_at_one_error)
                          "  - queue: q\n"
                          "    handler_name: h\n"
                          "    handler:\n"
-                         "      type: sql\n"
+                         "      type: lua\n"
                          "      statements: []\n");
     cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
-    assert_error(r, 7, "consumers[0].handler.type: 'sql' is not one of: state_machine");
+    assert_error(r, 7,
+                 "consumers[0].handler.type: 'lua' is not one of: state_machine, sql, plugin");
     result_free(&r);
 }
 
@@ -648,8 +649,8 @@ Test(config, listen_addresses)
         {'T', "http: {listen: 'localhost:1'}", NULL},
         {'T', "http: {listen: ':9464'}",
          "http.listen: ':9464' is not a listen address: has no host"},
-        {'T', "http: {listen: 'h:0'}", "has an invalid port"},
-        {'T', "http: {listen: 'h:65536'}", "has an invalid port"},
+        {'T', "http: {listen: 'h:0'}", NULL}, /* 0: the kernel picks a free port */
+        {'T', "http: {listen: 'h:65536'}", "has an invalid port (expected 0..65535)"},
         {'T', "http: {listen: '[::1'}", "unterminated IPv6 address"},
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
@@ -1193,4 +1194,309 @@ Test(config, redact_url)
 Test(config, free_null_is_a_noop)
 {
     config_free(NULL);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* sql and plugin handlers, dedup retention                                                    */
+
+/* A valid file whose handler body (starting at line 7, indented 6 spaces) is `handler`. */
+static result load_handler(const char *handler)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    result r;
+
+    cr_assert_not_null(f);
+    fprintf(f,
+            "amqp: {url: 'amqp://h'}\n" /* 1 */
+            "mysql: {url: 'mysql://h/db'}\n"
+            "consumers:\n"
+            "  - queue: q\n"
+            "    handler_name: h\n"
+            "    handler:\n" /* 6 */
+            "%s",
+            handler);
+    cr_assert_eq(fclose(f), 0);
+    r = load_text(text);
+    free(text);
+    return r;
+}
+
+static void assert_params(const config_sql_statement *st, size_t n, const char *const *names)
+{
+    cr_assert_eq(st->param_count, n, "statement '%s' has %zu params", st->sql, st->param_count);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_str_eq(st->params[i], names[i]);
+}
+
+Test(config, sql_handler_loads_statements_and_placeholders)
+{
+    result r = load_handler(
+        "      type: sql\n"
+        "      statements:\n"
+        "        - sql: \"UPDATE accounts SET balance = balance + :amount WHERE id = :account.id\"\n"
+        "          expect_rows: 1\n"
+        "        - sql: \"INSERT INTO ledger (biz_key, amount, note) VALUES (:biz_key, :amount, "
+        "':not_a_field')\"\n"
+        "        - \"SELECT 1 FROM orders WHERE order_id = :order_id FOR UPDATE\"\n"
+        "        - sql: |\n"
+        "            UPDATE t   -- :not_a_field either\n"
+        "               SET `a:b` = :a\n"
+        "             WHERE c = :c.d_e.f1\n"
+        "          expect_rows: 0\n"
+        "      on_mismatch: retry\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    const config_handler *h = &r.cfg->consumers[0].handler;
+    cr_assert_eq(h->type, CONFIG_HANDLER_SQL);
+    cr_assert_eq(h->sql.on_mismatch, CONFIG_ON_MISMATCH_RETRY);
+    cr_assert_eq(h->sql.statement_count, 4);
+
+    const config_sql_statement *st = h->sql.statements;
+    cr_assert_str_eq(st[0].sql,
+                     "UPDATE accounts SET balance = balance + :amount WHERE id = :account.id");
+    cr_assert_str_eq(st[0].prepared, "UPDATE accounts SET balance = balance + ? WHERE id = ?");
+    assert_params(&st[0], 2, (const char *const[]){"amount", "account.id"});
+    cr_assert(st[0].expect_rows_set);
+    cr_assert_eq(st[0].expect_rows, 1);
+
+    cr_assert_str_eq(st[1].prepared,
+                     "INSERT INTO ledger (biz_key, amount, note) VALUES (?, ?, ':not_a_field')");
+    assert_params(&st[1], 2, (const char *const[]){"biz_key", "amount"});
+    cr_assert_not(st[1].expect_rows_set);
+
+    cr_assert_str_eq(st[2].prepared, "SELECT 1 FROM orders WHERE order_id = ? FOR UPDATE");
+    assert_params(&st[2], 1, (const char *const[]){"order_id"});
+    cr_assert_not(st[2].expect_rows_set);
+
+    cr_assert_str_eq(st[3].prepared, "UPDATE t   -- :not_a_field either\n"
+                                     "   SET `a:b` = ?\n"
+                                     " WHERE c = ?\n");
+    assert_params(&st[3], 2, (const char *const[]){"a", "c.d_e.f1"});
+    cr_assert(st[3].expect_rows_set);
+    cr_assert_eq(st[3].expect_rows, 0);
+    result_free(&r);
+
+    r = load_handler("      type: sql\n"
+                     "      statements: [\"DELETE FROM t WHERE id = :id\"]\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->consumers[0].handler.sql.on_mismatch, CONFIG_ON_MISMATCH_DEAD_LETTER);
+    result_free(&r);
+}
+
+typedef struct handler_case {
+    const char *handler; /* body from line 7 */
+    unsigned line;
+    const char *error;
+} handler_case;
+
+static void run_handler_cases(const handler_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        result r = load_handler(cases[i].handler);
+        cr_assert_eq(r.rc, -1, "case %zu: rc %d, errors:\n%s", i, r.rc, r.errs);
+        cr_assert(has_error(&r, cases[i].line, cases[i].error),
+                  "case %zu: expected '%s' at line %u; got:\n%s", i, cases[i].error,
+                  cases[i].line, r.errs);
+        result_free(&r);
+    }
+}
+
+#define SQL_HEAD "      type: sql\n      statements:\n"
+
+Test(config, sql_handler_errors_have_lines)
+{
+    static const handler_case cases[] = {
+        {"      type: sql\n      statements: []\n", 8,
+         "consumers[0].handler.statements: the list is empty; give at least one statement"},
+        {"      type: sql\n      statements: \"UPDATE t SET a = 1\"\n", 8,
+         "consumers[0].handler.statements: expected a list of {sql: ..., expect_rows: N}"},
+        {"      type: sql\n", 6, "missing required key 'consumers[0].handler.statements'"},
+        {SQL_HEAD "        - sql: \"\"\n", 9,
+         "consumers[0].handler.statements[0].sql: the statement is empty"},
+        {SQL_HEAD "        - \"   \"\n", 9,
+         "consumers[0].handler.statements[0].sql: the statement is empty"},
+        {SQL_HEAD "        - sql: \"UPDATE t SET a = :a..b\"\n", 9,
+         "consumers[0].handler.statements[0].sql: placeholder ':a..b' has an empty path segment "
+         "at line 1, column 18 of the statement"},
+        {SQL_HEAD "        - sql: \"UPDATE t SET a = :a. WHERE 1\"\n", 9,
+         "placeholder ':a.' has an empty path segment"},
+        {SQL_HEAD "        - sql: \"UPDATE t SET a = ?\"\n", 9,
+         "bare '?' parameter: write a :field placeholder instead at line 1, column 18"},
+        {SQL_HEAD "        - sql: \"UPDATE t SET a = 'x\"\n", 9,
+         "unterminated string literal (') at line 1, column 18"},
+        {SQL_HEAD "        - sql: \"UPDATE t SET a = 1 /* :x\"\n", 9, "unterminated /* comment"},
+        {SQL_HEAD "        - sql: \"UPDATE `t SET a = 1\"\n", 9,
+         "unterminated backtick identifier (`) at line 1, column 8"},
+        {SQL_HEAD "        - sql: COMMIT\n", 9,
+         "consumers[0].handler.statements[0].sql: a COMMIT statement cannot run inside idemq's "
+         "transaction"},
+        {SQL_HEAD "        - {sql: \"DROP TABLE orders\"}\n", 9, "a DROP statement cannot run"},
+        {SQL_HEAD "        - {sql: \"SET autocommit = 1\"}\n", 9, "a SET statement cannot run"},
+        {SQL_HEAD "        - {sql: \"UPDATE t SET a = 1\", expect_rows: -1}\n", 9,
+         "consumers[0].handler.statements[0].expect_rows: must be between 0 and 4294967295, got "
+         "-1"},
+        {SQL_HEAD "        - {sql: \"UPDATE t SET a = 1\", expect_rows: many}\n", 9,
+         "consumers[0].handler.statements[0].expect_rows: expected an integer, got 'many'"},
+        {SQL_HEAD "        - {sql: \"UPDATE t SET a = 1\", expect_row: 1}\n", 9,
+         "unknown key 'consumers[0].handler.statements[0].expect_row' (did you mean "
+         "'consumers[0].handler.statements[0].expect_rows'?)"},
+        {SQL_HEAD "        - {expect_rows: 1}\n", 9,
+         "missing required key 'consumers[0].handler.statements[0].sql'"},
+        {SQL_HEAD "        - [UPDATE]\n", 9,
+         "consumers[0].handler.statements[0]: expected a mapping, got a list"},
+        {SQL_HEAD "        - UPDATE t SET a = 1\n      on_mismatch: ignore\n", 10,
+         "consumers[0].handler.on_mismatch: 'ignore' is not one of: dead_letter, retry"},
+        {SQL_HEAD "        - UPDATE t SET a = 1\n      table: orders\n", 10,
+         "unknown key 'consumers[0].handler.table'"},
+    };
+    run_handler_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+Test(config, sql_handler_reports_every_bad_statement)
+{
+    result r = load_handler(SQL_HEAD                                          /* 7, 8 */
+                            "        - UPDATE t SET a = :ok\n"                /* 9 */
+                            "        - UPDATE t SET a = ?\n"                  /* 10 */
+                            "        - {sql: \"UPDATE t SET a = 1\", expect_rows: -2}\n" /* 11 */
+                            "        - sql: \"INSERT INTO t VALUES (:a.)\"\n" /* 12 */
+                            "          expect_rows: 1\n");
+    cr_assert_eq(r.rc, -3, "errors:\n%s", r.errs);
+    assert_error(r, 10, "statements[1].sql: bare '?'");
+    assert_error(r, 11, "statements[2].expect_rows: must be between 0");
+    assert_error(r, 12, "statements[3].sql: placeholder ':a.' has an empty path segment");
+    result_free(&r);
+}
+
+Test(config, sql_statement_size_and_count_limits)
+{
+    size_t n = 65536 + 1;
+    char *big = malloc(n + 1);
+    cr_assert_not_null(big);
+    memcpy(big, "SELECT 1", 8);
+    memset(big + 8, ' ', n - 8);
+    big[n] = '\0';
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    fprintf(f, SQL_HEAD "        - \"%s\"\n", big);
+    fclose(f);
+    result r = load_handler(text);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 9, "the statement is 65537 bytes long; at most 65536 are allowed");
+    result_free(&r);
+    free(text);
+
+    /* Exactly 64 KiB is fine. */
+    big[n - 1] = '\0';
+    text = NULL;
+    f = open_memstream(&text, &len);
+    fprintf(f, SQL_HEAD "        - \"%s\"\n", big);
+    fclose(f);
+    r = load_handler(text);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    result_free(&r);
+    free(text);
+    free(big);
+
+    text = NULL;
+    f = open_memstream(&text, &len);
+    fputs(SQL_HEAD, f);
+    for (int i = 0; i < 65; i++)
+        fputs("        - SELECT 1\n", f);
+    fclose(f);
+    r = load_handler(text);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 8, "consumers[0].handler.statements: 65 statements; at most 64 are supported");
+    result_free(&r);
+    free(text);
+}
+
+Test(config, plugin_handler_loads_with_its_config_as_json)
+{
+    result r = load_handler("      type: plugin\n"
+                            "      path: /usr/lib/idemq/plugins/example.so\n"
+                            "      config:\n"
+                            "        fail_first_n: 2\n"
+                            "        name: x\n"
+                            "        nested: {list: [1, -2, 2.5, true, null, '007', 0x1F], "
+                            "empty: {}}\n"
+                            "        text: |\n"
+                            "          two\n"
+                            "          lines\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    const config_handler *h = &r.cfg->consumers[0].handler;
+    cr_assert_eq(h->type, CONFIG_HANDLER_PLUGIN);
+    cr_assert_str_eq(h->plugin.path, "/usr/lib/idemq/plugins/example.so");
+    cr_assert_str_eq(h->plugin.config_json,
+                     "{\"fail_first_n\":2,\"name\":\"x\",\"nested\":{\"empty\":{},\"list\":[1,-2,"
+                     "2.5,true,null,\"007\",\"0x1F\"]},\"text\":\"two\\nlines\\n\"}");
+    result_free(&r);
+
+    r = load_handler("      type: plugin\n"
+                     "      path: /opt/x.so\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->consumers[0].handler.plugin.config_json, "{}");
+    result_free(&r);
+
+    r = load_handler("      type: plugin\n"
+                     "      path: /opt/x.so\n"
+                     "      config: [a, b]\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->consumers[0].handler.plugin.config_json, "[\"a\",\"b\"]");
+    result_free(&r);
+}
+
+Test(config, plugin_handler_errors_have_lines)
+{
+    static const handler_case cases[] = {
+        {"      type: plugin\n      path: plugins/x.so\n", 8,
+         "consumers[0].handler.path: plugin path 'plugins/x.so' must be absolute (start with /)"},
+        {"      type: plugin\n      path: \"\"\n", 8, "plugin path must not be empty"},
+        {"      type: plugin\n      config: {a: 1}\n", 6,
+         "missing required key 'consumers[0].handler.path'"},
+        {"      type: plugin\n      path: /x.so\n      config: {a: 1, a: 2}\n", 9,
+         "consumers[0].handler.config: key 'a' is given twice"},
+        {"      type: plugin\n      path: /x.so\n      statements: [SELECT 1]\n", 9,
+         "unknown key 'consumers[0].handler.statements'"},
+    };
+    run_handler_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+Test(config, dedup_retention_defaults_values_and_errors)
+{
+    result r = load_slots(NULL, NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->dedup.retention_ms, 0);
+    cr_assert_eq(r.cfg->dedup.interval_ms, 60000);
+    cr_assert_eq(r.cfg->dedup.batch, 1000);
+    result_free(&r);
+
+    r = load_slots(NULL, NULL, "dedup: {retention: 30d, interval: 5m, batch: 100000}", NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->dedup.retention_ms, 30ULL * 86400000);
+    cr_assert_eq(r.cfg->dedup.interval_ms, 300000);
+    cr_assert_eq(r.cfg->dedup.batch, 100000);
+    result_free(&r);
+
+    /* Seconds are allowed (tests use them; idemq warns below 1h at startup). */
+    r = load_slots(NULL, NULL, "dedup: {retention: 2s, interval: 1s, batch: 1}", NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->dedup.retention_ms, 2000);
+    cr_assert_eq(r.cfg->dedup.interval_ms, 1000);
+    result_free(&r);
+
+    static const slot_case cases[] = {
+        {'T', "dedup: {retention: 1500ms}", "dedup.retention: must be whole seconds, got 1500ms"},
+        {'T', "dedup: {retention: forever}", "dedup.retention: 'forever' is not a valid duration"},
+        {'T', "dedup: {retention: 3651d}", "dedup.retention: must be between 0 and 3650d"},
+        {'T', "dedup: {interval: 0}", "dedup.interval: must be between 1s and 1d, got 0"},
+        {'T', "dedup: {interval: 500ms}", "dedup.interval: must be between 1s and 1d"},
+        {'T', "dedup: {batch: 0}", "dedup.batch: must be between 1 and 100000, got 0"},
+        {'T', "dedup: {batch: 100001}", "dedup.batch: must be between 1 and 100000, got 100001"},
+        {'T', "dedup: {retain: 1d}", "unknown key 'dedup.retain' (did you mean 'dedup.retention'?)"},
+        {'T', "dedup: 30d", "dedup: expected a mapping, got a string"},
+        {'T', "dedup: {retention: 0}", NULL},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
 }
