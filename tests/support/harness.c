@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -59,6 +60,7 @@ void harness_write_config(harness *h, const harness_options *o)
             "amqp: {url: \"%s\", prefetch: %u, heartbeat: 10s}\n"
             "mysql: {url: \"%s\", workers: %u}\n"
             "log: {level: info}\n"
+            "http: {listen: \"127.0.0.1:0\"}\n"
             "shutdown_timeout: %s\n"
             "consumers:\n"
             "  - queue: %s\n"
@@ -177,9 +179,18 @@ void harness_fini(harness *h)
 
 static void vsql(harness *h, const char *fmt, va_list ap)
 {
-    char sql[8192];
-    vsnprintf(sql, sizeof sql, fmt, ap);
-    cr_assert(mysql_query(h->db, sql) == 0, "SQL failed: %s\n  %s", mysql_error(h->db), sql);
+    va_list copy;
+    va_copy(copy, ap);
+    int len = vsnprintf(NULL, 0, fmt, copy);
+    va_end(copy);
+    char *sql = malloc((size_t)len + 1);
+    cr_assert(sql);
+    vsnprintf(sql, (size_t)len + 1, fmt, ap);
+    int rc = mysql_query(h->db, sql);
+    if (rc != 0)
+        cr_log_error("SQL failed: %s\n  %.300s", mysql_error(h->db), sql);
+    free(sql);
+    cr_assert(rc == 0, "SQL failed: %s", mysql_error(h->db));
 }
 
 void harness_sql(harness *h, const char *fmt, ...)
@@ -307,6 +318,8 @@ static pid_t spawn(harness *h, const char *const *argv, int out_fd)
         dup2(out_fd, STDOUT_FILENO);
         dup2(out_fd, STDERR_FILENO);
         setpgid(0, 0);
+        /* A failed assertion ends the test process; its idemq must not outlive it. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         execv(IDEMQ_BINARY, (char *const *)argv);
         fprintf(stderr, "exec %s: %s\n", IDEMQ_BINARY, strerror(errno));
         _exit(127);
@@ -416,4 +429,258 @@ bool harness_wait_scalar(harness *h, long long expected, int timeout_ms, const c
         cr_log_error("waited %d ms for `%s` = %lld; last value %lld", timeout_ms, sql, expected,
                      w.last);
     return ok;
+}
+
+/* ---- added for tests/integration/test_core.c (append-only) ---------------------------------- */
+
+void harness_declare_topology(harness *h)
+{
+    char *output = NULL;
+    const char *args[] = {"topology", "-c", h->config_path, NULL};
+    int rc = harness_run_cli(h, &output, args);
+    cr_assert(rc == 0, "idemq topology exited %d:\n%s", rc, output ? output : "");
+    free(output);
+}
+
+#define PUBLISH_CHUNK 256
+
+void harness_publish_batch(harness *h, const char *routing_key, const char *content_type,
+                           const void *const *bodies, const size_t *lens, size_t count)
+{
+    amqp_basic_properties_t props;
+    memset(&props, 0, sizeof props);
+    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
+    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+    if (content_type) {
+        props._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
+        props.content_type = amqp_cstring_bytes(content_type);
+    }
+    for (size_t start = 0; start < count; start += PUBLISH_CHUNK) {
+        size_t n = count - start < PUBLISH_CHUNK ? count - start : PUBLISH_CHUNK;
+        uint64_t first = h->publish_seq + 1;
+        for (size_t i = 0; i < n; i++) {
+            amqp_bytes_t bytes = {.len = lens[start + i], .bytes = (void *)bodies[start + i]};
+            int rc = amqp_basic_publish(h->amqp, BROKER_CHANNEL, amqp_empty_bytes,
+                                        amqp_cstring_bytes(routing_key ? routing_key : h->queue),
+                                        0, 0, &props, bytes);
+            cr_assert(rc == AMQP_STATUS_OK, "publish: %s", amqp_error_string2(rc));
+            h->publish_seq++;
+        }
+        /* Confirms may be single or cumulative (multiple) and, in principle, out of order:
+         * mark each one until the whole chunk is confirmed. */
+        bool confirmed[PUBLISH_CHUNK] = {false};
+        size_t missing = n;
+        while (missing > 0) {
+            amqp_frame_t frame;
+            struct timeval timeout = {.tv_sec = 30};
+            int rc = amqp_simple_wait_frame_noblock(h->amqp, &frame, &timeout);
+            cr_assert(rc == AMQP_STATUS_OK, "waiting for publisher confirms (%zu of %zu missing): %s",
+                      missing, n, amqp_error_string2(rc));
+            if (frame.frame_type != AMQP_FRAME_METHOD)
+                continue;
+            cr_assert(frame.payload.method.id != AMQP_BASIC_NACK_METHOD, "publish was nacked");
+            cr_assert(frame.payload.method.id != AMQP_CHANNEL_CLOSE_METHOD, "channel closed");
+            if (frame.payload.method.id != AMQP_BASIC_ACK_METHOD)
+                continue;
+            const amqp_basic_ack_t *ack = frame.payload.method.decoded;
+            uint64_t lo = ack->multiple ? first : ack->delivery_tag;
+            for (uint64_t tag = lo; tag <= ack->delivery_tag; tag++)
+                if (tag >= first && tag < first + n && !confirmed[tag - first]) {
+                    confirmed[tag - first] = true;
+                    missing--;
+                }
+        }
+        amqp_maybe_release_buffers(h->amqp);
+    }
+}
+
+bool harness_queue_info(harness *h, const char *queue, long *messages, long *consumers)
+{
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(h->amqp, BROKER_CHANNEL,
+                                                     amqp_cstring_bytes(queue), 1, 0, 0, 0,
+                                                     amqp_empty_table);
+    if (!ok) {
+        /* The 404 closed the channel; a reopened channel is not in confirm mode and numbers
+         * its publishes from 1 again. */
+        broker_reopen_channel(h->amqp);
+        amqp_confirm_select(h->amqp, BROKER_CHANNEL);
+        cr_assert(amqp_get_rpc_reply(h->amqp).reply_type == AMQP_RESPONSE_NORMAL,
+                  "confirm.select after reopening the channel failed");
+        h->publish_seq = 0;
+        return false;
+    }
+    if (messages)
+        *messages = (long)ok->message_count;
+    if (consumers)
+        *consumers = (long)ok->consumer_count;
+    return true;
+}
+
+pid_t harness_spawn_logged(harness *h, const char *log_path)
+{
+    int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    cr_assert(fd >= 0, "open %s: %s", log_path, strerror(errno));
+    const char *argv[] = {IDEMQ_BINARY, "run", "-c", h->config_path, NULL};
+    pid_t pid = spawn(h, argv, fd);
+    close(fd);
+    return pid;
+}
+
+long harness_log_count_in(const char *log_path, const char *needle)
+{
+    FILE *f = fopen(log_path, "r");
+    if (!f)
+        return 0;
+    long count = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0)
+        if (strstr(line, needle))
+            count++;
+    free(line);
+    fclose(f);
+    return count;
+}
+
+/* ---- added for tests/integration/test_retry.c and test_outage.c (append-only) --------------- */
+
+#include <jansson.h>
+
+void harness_publish_props(harness *h, const char *exchange, const char *routing_key,
+                           const amqp_basic_properties_t *props, const void *body, size_t len)
+{
+    amqp_bytes_t bytes = {.len = len, .bytes = (void *)body};
+    int rc = amqp_basic_publish(h->amqp, BROKER_CHANNEL,
+                                exchange && *exchange ? amqp_cstring_bytes(exchange)
+                                                      : amqp_empty_bytes,
+                                amqp_cstring_bytes(routing_key), 1, 0, props, bytes);
+    cr_assert(rc == AMQP_STATUS_OK, "publish: %s", amqp_error_string2(rc));
+    uint64_t seq = ++h->publish_seq;
+    bool returned = false;
+    for (;;) {
+        amqp_frame_t frame;
+        struct timeval timeout = {.tv_sec = 10};
+        rc = amqp_simple_wait_frame_noblock(h->amqp, &frame, &timeout);
+        cr_assert(rc == AMQP_STATUS_OK, "waiting for a publisher confirm: %s",
+                  amqp_error_string2(rc));
+        if (frame.frame_type != AMQP_FRAME_METHOD)
+            continue; /* content of a basic.return */
+        if (frame.payload.method.id == AMQP_BASIC_RETURN_METHOD)
+            returned = true;
+        cr_assert(frame.payload.method.id != AMQP_BASIC_NACK_METHOD, "publish was nacked");
+        cr_assert(frame.payload.method.id != AMQP_CHANNEL_CLOSE_METHOD, "channel closed");
+        if (frame.payload.method.id == AMQP_BASIC_ACK_METHOD) {
+            const amqp_basic_ack_t *ack = frame.payload.method.decoded;
+            if (ack->delivery_tag >= seq)
+                break;
+        }
+    }
+    amqp_maybe_release_buffers(h->amqp);
+    cr_assert(!returned, "the broker returned the message published to '%s' with key '%s' as "
+                         "unroutable", exchange ? exchange : "", routing_key);
+}
+
+void harness_db_reconnect(harness *h, int timeout_ms)
+{
+    if (h->db)
+        mysql_close(h->db);
+    h->db = NULL;
+    store_dsn dsn;
+    char err[256];
+    cr_assert(store_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, sizeof err) == 0,
+              "%s", err);
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    for (;;) {
+        MYSQL *db = mysql_init(NULL);
+        cr_assert(db);
+        unsigned int connect_timeout = 2;
+        mysql_options(db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
+        const char *host = dsn.socket[0] ? "localhost" : dsn.host;
+        if (mysql_real_connect(db, host, dsn.user, dsn.password, h->database, dsn.port,
+                               dsn.socket[0] ? dsn.socket : NULL, 0)) {
+            h->db = db;
+            return;
+        }
+        char reason[256];
+        snprintf(reason, sizeof reason, "%s", mysql_error(db));
+        mysql_close(db);
+        cr_assert(harness_now_ms() < deadline, "cannot reconnect to MariaDB within %d ms: %s",
+                  timeout_ms, reason);
+        struct timespec pause = {.tv_nsec = 100 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* "2026-01-02T03:04:05.678Z" → ms since the Unix epoch; -1 when it does not parse. */
+static int64_t parse_log_ts(const char *text)
+{
+    struct tm tm;
+    int ms = 0;
+    memset(&tm, 0, sizeof tm);
+    if (!text || sscanf(text, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ", &tm.tm_year, &tm.tm_mon,
+                        &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms) != 7)
+        return -1;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    return (int64_t)timegm(&tm) * 1000 + ms;
+}
+
+static void log_add_object(json_t *all, const char *text)
+{
+    json_t *obj = json_loads(text, 0, NULL);
+    if (!json_is_object(obj)) {
+        json_decref(obj);
+        return;
+    }
+    json_object_set_new(obj, "_line", json_integer((json_int_t)json_array_size(all)));
+    json_object_set_new(obj, "_ts_ms",
+                        json_integer(parse_log_ts(json_string_value(json_object_get(obj, "ts")))));
+    json_array_append_new(all, obj);
+}
+
+json_t *harness_log_load(harness *h)
+{
+    json_t *all = json_array();
+    cr_assert(all);
+    FILE *f = fopen(h->log_path, "r");
+    if (!f)
+        return all;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) >= 0) {
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = '\0';
+        /* A kill -9 between the two writes of a log line glues it to the next one. */
+        char *start = line;
+        for (char *glue; (glue = strstr(start + 1, "}{\"ts\":")) != NULL; start = glue + 1) {
+            glue[1] = '\0';
+            log_add_object(all, start);
+            glue[1] = '{';
+        }
+        log_add_object(all, start);
+    }
+    free(line);
+    fclose(f);
+    return all;
+}
+
+/* ---- added for tests/integration/test_resilience.c (append-only) ---------------------------- */
+
+void harness_reconnect_amqp(harness *h, int timeout_ms)
+{
+    if (h->amqp)
+        amqp_destroy_connection(h->amqp);
+    h->amqp = NULL;
+    h->publish_seq = 0;
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    char err[512] = "";
+    broker_open_options bo = {.url = getenv("IDEMQ_TEST_AMQP_URL"), .confirms = 1};
+    while (harness_now_ms() < deadline) {
+        if (broker_open(&bo, &h->amqp, err, sizeof err) == 0)
+            return;
+        struct timespec pause = {.tv_nsec = 200 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    cr_assert_fail("RabbitMQ did not come back within %d ms: %s", timeout_ms, err);
 }

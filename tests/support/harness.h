@@ -91,4 +91,51 @@ bool harness_wait_scalar(harness *h, long long expected, int timeout_ms, const c
 /* Milliseconds since an arbitrary epoch (monotonic). */
 int64_t harness_now_ms(void);
 
+
+/* ---- Added for the retry/DLQ and outage suites (append-only). ---- */
+
+/* Publishes body to `exchange` (NULL or "": the default exchange) with `routing_key` and the given
+ * properties (borrowed, used as they are), mandatory, and waits for the confirm. Fails the test
+ * on a nack or when the broker returns the message as unroutable. */
+void harness_publish_props(harness *h, const char *exchange, const char *routing_key,
+                           const amqp_basic_properties_t *props, const void *body, size_t len);
+
+/* Closes h->db and connects again to h->database, retrying for up to timeout_ms (the server may
+ * still be starting). Fails the test when it cannot. */
+void harness_db_reconnect(harness *h, int timeout_ms);
+
+/* Reads the idemq log (one JSON object per line) into a JSON array. Lines that are not JSON are
+ * skipped; two objects glued together by a crash mid-write are split. Each object gets "_line"
+ * (0-based index in the array) and "_ts_ms" (its "ts" as ms since the Unix epoch). */
+struct json_t;
+struct json_t *harness_log_load(harness *h);
+
 #endif
+
+/* ---- added for tests/integration/test_core.c (append-only) ---------------------------------- */
+
+/* Runs `idemq topology -c h->config_path` (declares the work queue, retry ladder and DLQ) so a
+ * test can load the work queue before starting idemq. Fails the test unless it exits 0. */
+void harness_declare_topology(harness *h);
+
+/* Publishes count bodies to the default exchange (routing_key NULL: h->queue) back to back,
+ * waiting for all publisher confirms once per chunk instead of once per message: as fast as the
+ * broker takes them. bodies[i]/lens[i] are borrowed. content_type may be NULL. Fails the test on
+ * a nack or a missing confirm. */
+void harness_publish_batch(harness *h, const char *routing_key, const char *content_type,
+                           const void *const *bodies, const size_t *lens, size_t count);
+
+/* Ready messages and consumers of a queue (passive declare); false when it does not exist. */
+bool harness_queue_info(harness *h, const char *queue, long *messages, long *consumers);
+
+/* Like harness_spawn, but stdout+stderr go to log_path (appending): for a second idemq process
+ * on the same test. */
+pid_t harness_spawn_logged(harness *h, const char *log_path);
+
+/* Lines of the file at log_path containing needle (0 when the file does not exist). */
+long harness_log_count_in(const char *log_path, const char *needle);
+
+/* ---- added for tests/integration/test_resilience.c (append-only) ---------------------------- */
+
+/* Drops h->amqp and connects again (the broker was restarted), retrying for up to timeout_ms. */
+void harness_reconnect_amqp(harness *h, int timeout_ms);
