@@ -6,10 +6,90 @@
 
 #include <mysql.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "broker/connection.h"
 #include "broker/topology.h"
+#include "handlers/plugin.h"
 #include "store/store.h"
+
+/* Prepares (never executes) each statement of a sql handler: the server resolves every table and
+ * column then, so a typo shows up here rather than on the first message. */
+static int check_sql_handler(MYSQL *db, const config_consumer *c)
+{
+    const config_sql *sql = &c->handler.sql;
+    for (size_t i = 0; i < sql->statement_count; i++) {
+        const config_sql_statement *st = &sql->statements[i];
+        MYSQL_STMT *stmt = mysql_stmt_init(db);
+        int rc = 0;
+        if (!stmt) {
+            fprintf(stderr, "mysql   FAIL consumer %s: out of memory\n", c->queue);
+            return 1;
+        }
+        if (mysql_stmt_prepare(stmt, st->prepared, (unsigned long)strlen(st->prepared)) != 0) {
+            fprintf(stderr, "mysql   FAIL consumer %s statement %zu: %s (error %u)\n", c->queue,
+                    i + 1, mysql_stmt_error(stmt), mysql_stmt_errno(stmt));
+            rc = 1;
+        } else if (mysql_stmt_param_count(stmt) != st->param_count) {
+            fprintf(stderr,
+                    "mysql   FAIL consumer %s statement %zu: the server sees %lu parameters, the "
+                    "config %zu placeholders\n",
+                    c->queue, i + 1, (unsigned long)mysql_stmt_param_count(stmt), st->param_count);
+            rc = 1;
+        }
+        mysql_stmt_close(stmt);
+        if (rc)
+            return rc;
+    }
+    printf("mysql   ok   consumer %s: %zu sql statement(s) prepared\n", c->queue,
+           sql->statement_count);
+    return 0;
+}
+
+static int check_handler_schema(MYSQL *db, const config_consumer *c)
+{
+    const config_state_machine *sm = &c->handler.state_machine;
+    char sql[512];
+    switch (c->handler.type) {
+    case CONFIG_HANDLER_SQL:
+        return check_sql_handler(db, c);
+    case CONFIG_HANDLER_PLUGIN:
+        return 0; /* its SQL is its own; check_plugins loads it */
+    case CONFIG_HANDLER_STATE_MACHINE:
+        break;
+    }
+    snprintf(sql, sizeof sql, "SELECT `%s`, `%s` FROM `%s` LIMIT 0", sm->key_column,
+             sm->state_column, sm->table);
+    if (mysql_query(db, sql) != 0) {
+        fprintf(stderr, "mysql   FAIL consumer %s: %s\n", c->queue, mysql_error(db));
+        return 1;
+    }
+    mysql_free_result(mysql_store_result(db));
+    return 0;
+}
+
+/* Loads each plugin (ABI check and init with its config), reports it and unloads it again. */
+static int check_plugins(const config *cfg)
+{
+    int rc = 0;
+    for (size_t i = 0; i < cfg->consumer_count; i++) {
+        const config_consumer *c = &cfg->consumers[i];
+        char err[1024];
+        plugin *p;
+        if (c->handler.type != CONFIG_HANDLER_PLUGIN)
+            continue;
+        if (plugin_open(c->handler.plugin.path, c->handler.plugin.config_json, &p, err,
+                        sizeof err) != 0) {
+            fprintf(stderr, "plugin  FAIL consumer %s: %s\n", c->queue, err);
+            rc = 1;
+            continue;
+        }
+        printf("plugin  ok   consumer %s: plugin %s (ABI %u) from %s\n", c->queue, plugin_name(p),
+               (unsigned)plugin_abi_version(p), c->handler.plugin.path);
+        plugin_close(p);
+    }
+    return rc;
+}
 
 static int check_database(const config *cfg)
 {
@@ -27,19 +107,8 @@ static int check_database(const config *cfg)
         rc = 1;
     } else {
         mysql_free_result(mysql_store_result(db));
-        for (size_t i = 0; i < cfg->consumer_count && rc == 0; i++) {
-            const config_state_machine *sm = &cfg->consumers[i].handler.state_machine;
-            char sql[512];
-            snprintf(sql, sizeof sql, "SELECT `%s`, `%s` FROM `%s` LIMIT 0", sm->key_column,
-                     sm->state_column, sm->table);
-            if (mysql_query(db, sql) != 0) {
-                fprintf(stderr, "mysql   FAIL consumer %s: %s\n", cfg->consumers[i].queue,
-                        mysql_error(db));
-                rc = 1;
-            } else {
-                mysql_free_result(mysql_store_result(db));
-            }
-        }
+        for (size_t i = 0; i < cfg->consumer_count && rc == 0; i++)
+            rc = check_handler_schema(db, &cfg->consumers[i]);
         if (rc == 0)
             printf("mysql   ok   %s (server %s)\n", redacted, mysql_get_server_info(db));
     }
@@ -66,7 +135,14 @@ int cli_check(const config *cfg)
 {
     printf("config  ok   %s (%zu consumer(s))\n", cfg->path, cfg->consumer_count);
     int rc = check_database(cfg);
+    rc |= check_plugins(cfg);
     rc |= check_broker(cfg);
+    if (cfg->dedup.retention_ms)
+        printf("dedup   retention %llus, swept every %llums, %u rows per batch\n",
+               (unsigned long long)(cfg->dedup.retention_ms / 1000),
+               (unsigned long long)cfg->dedup.interval_ms, cfg->dedup.batch);
+    else
+        printf("dedup   retention off (msg_dedup rows are kept)\n");
     printf("\ntopology plan:\n");
     for (size_t i = 0; i < cfg->consumer_count; i++)
         topology_print(stdout, &cfg->consumers[i]);

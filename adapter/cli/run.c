@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,14 +24,17 @@
 #include "broker/session.h"
 #include "broker/topology.h"
 #include "envelope/envelope.h"
+#include "handlers/plugin.h"
+#include "ops/http.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
 #include "policy/outcome.h"
+#include "store/retention.h"
 #include "store/store.h"
 
 #define HEALTH_PING_MS 5000
 #define PROBE_MIN_MS 500
-#define PROBE_MAX_MS 10000
+#define PROBE_MAX_MS 5000
 #define MAX_TRUSTED_RETRIES 1000
 
 typedef struct runner runner;
@@ -66,6 +70,7 @@ struct runner {
     size_t inflight;
     uint64_t rng;
     metrics *metrics;
+    http_server *http;           /* /metrics /healthz /readyz */
 };
 
 static uint64_t next_random(runner *r)
@@ -273,6 +278,8 @@ static void on_message(void *ctx, broker_message *msg)
     f->job.kind = STORE_JOB_APPLY;
     f->job.consumer_index = msg->consumer_index;
     f->job.env = &f->env;
+    f->job.body = msg->body;
+    f->job.body_len = msg->body_len;
     f->job.on_done = on_applied;
     if (store_submit(r->store, &f->job) != 0) {
         broker_requeue(r->broker, msg);
@@ -376,6 +383,8 @@ static void log_summary(runner *r)
 static void close_everything(runner *r)
 {
     r->closed = true;
+    http_server_free(r->http); /* first: it reads the broker and metrics */
+    r->http = NULL;
     /* Store first: its last results may still ack through the broker session. */
     store_pool_free(r->store);
     r->store = NULL;
@@ -419,7 +428,42 @@ static void on_signal(uv_signal_t *handle, int signum)
     maybe_finish_shutdown(r);
 }
 
-int cli_run(const config *cfg)
+/* /readyz: ready only when connected to both servers, consuming and not pausing or stopping. */
+static bool is_ready(void *ctx, char *reason, size_t reason_len)
+{
+    runner *r = ctx;
+    const char *why = NULL;
+    if (r->stopping)
+        why = "shutting down";
+    else if (!r->broker || !broker_is_connected(r->broker))
+        why = "not connected to RabbitMQ";
+    else if (r->paused)
+        why = "database unavailable (consumption paused)";
+    else if (!metrics_get_up(r->metrics, METRICS_DEP_MYSQL))
+        why = "database unavailable";
+    else if (!broker_is_consuming(r->broker))
+        why = "not consuming";
+    if (why)
+        snprintf(reason, reason_len, "%s", why);
+    return why == NULL;
+}
+
+static int start_http(runner *r)
+{
+    char err[512], address[128];
+    http_server_options opts = {.listen = r->cfg->http_listen, .metrics = r->metrics,
+                                .ready = is_ready, .ready_ctx = r};
+    if (http_server_new(r->loop, &opts, &r->http, err, sizeof err) != 0) {
+        log_error(LOG_NO_CONTEXT, "http: %s", err);
+        return -1;
+    }
+    if (http_server_address(r->http, address, sizeof address) != 0)
+        snprintf(address, sizeof address, "%s", r->cfg->http_listen);
+    log_info(LOG_NO_CONTEXT, "http listening on %s", address);
+    return 0;
+}
+
+static int run_consumers(const config *cfg)
 {
     char err[1024];
     int exit_code = 1;
@@ -435,6 +479,7 @@ int cli_run(const config *cfg)
     r->loop = loop;
     r->cfg = cfg;
     r->rng = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
+    signal(SIGPIPE, SIG_IGN); /* a scraper resetting mid-response must not kill us (http.h) */
     srand((unsigned)next_random(r));
     r->callbacks = (broker_session_callbacks){
         .ctx = r, .on_message = on_message, .on_up = on_broker_up, .on_down = on_broker_down};
@@ -468,6 +513,13 @@ int cli_run(const config *cfg)
         uv_run(loop, UV_RUN_DEFAULT);
         goto out_freed;
     }
+    if (start_http(r) != 0) {
+        exit_code = 1;
+        r->stopping = true;
+        close_everything(r);
+        uv_run(loop, UV_RUN_DEFAULT);
+        goto out_freed;
+    }
     uv_timer_start(&r->health_timer, on_health_timer, 0, HEALTH_PING_MS);
     for (size_t i = 0; i < cfg->consumer_count; i++) {
         log_context ctx = {.queue = cfg->consumers[i].queue, .retries = -1};
@@ -487,5 +539,27 @@ out:
     uv_loop_close(loop);
     metrics_free(r->metrics);
     free(r);
+    return exit_code;
+}
+
+/* Plugins are loaded before anything connects (a bad plugin is a configuration problem: exit 2)
+ * and unloaded after the DB workers that call them have been joined; the dedup retention job
+ * runs beside the consumers on its own connection. */
+int cli_run(const config *cfg)
+{
+    char err[1024];
+    retention *dedup_retention = NULL;
+    if (plugin_registry_load(cfg, err, sizeof err) != 0) {
+        log_error(LOG_NO_CONTEXT, "%s", err);
+        return EXIT_USAGE;
+    }
+    if (retention_start(cfg, &dedup_retention, err, sizeof err) != 0) {
+        log_error(LOG_NO_CONTEXT, "cannot start dedup retention: %s", err);
+        plugin_registry_unload();
+        return 1;
+    }
+    int exit_code = run_consumers(cfg);
+    retention_stop(dedup_retention);
+    plugin_registry_unload();
     return exit_code;
 }

@@ -14,6 +14,13 @@
  * a bare count meaning seconds. Sizes are a decimal count with an optional unit B, KB (1000),
  * MB, GB, KiB (1024), MiB or GiB, units case-insensitive ("64KiB", "1MB", "4096").
  *
+ * Handlers: `type` (state_machine when absent) picks the table the rest of `handler:` is checked
+ * against. A sql handler's statements are parsed here, once: their `:field` placeholders follow
+ * the rule in handlers/sql_template.h (a pure module), statements that would end the transaction
+ * are refused, and the rewritten text and parameter list are stored in the config. A plugin's
+ * `config:` subtree is converted to JSON text for its init (plain scalars typed as YAML readers
+ * expect: null, booleans, integers, reals; quoted scalars stay strings).
+ *
  * Thread affinity: main thread only (getenv, strerror); the loaded config is read-only afterwards.
  */
 #include "config/config.h"
@@ -1625,8 +1632,8 @@ static void parse_set(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base
 
 /* Parses one statement's placeholders into st (see handlers/sql_template.h for the rule) and
  * refuses statements that would end the transaction. sql_node gives the line. */
-static void parse_statement_text(load_ctx *ctx, config_sql_statement *st, const yaml_node_t *sql_node,
-                                 const char *path)
+static void parse_statement_text(load_ctx *ctx, config_sql_statement *st,
+                                 const yaml_node_t *sql_node, const char *path)
 {
     sql_template t;
     char why[512], keyword[32];

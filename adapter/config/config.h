@@ -11,6 +11,7 @@
 #ifndef IDEMQ_CONFIG_H
 #define IDEMQ_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,6 +35,8 @@ typedef enum config_queue_type {
 
 typedef enum config_handler_type {
     CONFIG_HANDLER_STATE_MACHINE = 0,
+    CONFIG_HANDLER_SQL = 1,
+    CONFIG_HANDLER_PLUGIN = 2,
 } config_handler_type;
 
 typedef enum config_on_illegal {
@@ -66,9 +69,39 @@ typedef struct config_state_machine {
     size_t set_count;
 } config_state_machine;
 
+typedef enum config_on_mismatch {
+    CONFIG_ON_MISMATCH_DEAD_LETTER = 0,
+    CONFIG_ON_MISMATCH_RETRY = 1,
+} config_on_mismatch;
+
+/* One statement of a sql handler. The placeholders of `sql` were parsed at load (see
+ * handlers/sql_template.h for the rule): `prepared` is the text with each one replaced by '?',
+ * params[i] is the message field (dotted path) bound to the i-th '?'. */
+typedef struct config_sql_statement {
+    char *sql;              /* as written in the file, at most 64 KiB */
+    char *prepared;         /* what the worker prepares */
+    char **params;
+    size_t param_count;
+    bool expect_rows_set;   /* expect_rows was given */
+    unsigned expect_rows;   /* rows the statement must match (or return, for a SELECT) */
+} config_sql_statement;
+
+typedef struct config_sql {
+    config_sql_statement *statements;   /* at least one */
+    size_t statement_count;
+    config_on_mismatch on_mismatch;     /* when a statement's row count differs from expect_rows */
+} config_sql;
+
+typedef struct config_plugin {
+    char *path;             /* absolute path of the shared object */
+    char *config_json;      /* the handler's `config:` subtree as compact JSON; "{}" when absent */
+} config_plugin;
+
 typedef struct config_handler {
     config_handler_type type;
-    config_state_machine state_machine;
+    config_state_machine state_machine; /* type == CONFIG_HANDLER_STATE_MACHINE */
+    config_sql sql;                     /* type == CONFIG_HANDLER_SQL */
+    config_plugin plugin;               /* type == CONFIG_HANDLER_PLUGIN */
 } config_handler;
 
 typedef struct config_retry {
@@ -87,6 +120,13 @@ typedef struct config_consumer {
     config_handler handler;
 } config_consumer;
 
+/* dedup: the retention job that deletes old msg_dedup rows (store/retention.h). */
+typedef struct config_dedup {
+    uint64_t retention_ms;  /* 0 (default): rows are kept forever; else whole seconds, >= 1s */
+    uint64_t interval_ms;   /* time between sweeps, 1s..1d, default 1m */
+    unsigned batch;         /* rows per DELETE (one commit each), 1..100000, default 1000 */
+} config_dedup;
+
 typedef struct config {
     char *path;             /* the file it came from, for messages */
     /* amqp */
@@ -104,6 +144,7 @@ typedef struct config {
     uint64_t shutdown_timeout_ms; /* default 25000 */
     config_consumer *consumers;
     size_t consumer_count;  /* at least 1 */
+    config_dedup dedup;
 } config;
 
 /*

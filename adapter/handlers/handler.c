@@ -1,6 +1,6 @@
 /*
- * handler — dispatch on the configured handler type. One small switch so adding the sql and
- * plugin handlers touches only this file and their own.
+ * handler — dispatch on the configured handler type. One small switch so adding a handler touches
+ * only this file and its own.
  */
 #include "handlers/handler.h"
 
@@ -11,6 +11,10 @@ apply_status handler_apply(handler_call *call)
     switch (call->consumer->handler.type) {
     case CONFIG_HANDLER_STATE_MACHINE:
         return state_machine_apply(call);
+    case CONFIG_HANDLER_SQL:
+        return sql_handler_apply(call);
+    case CONFIG_HANDLER_PLUGIN:
+        return plugin_handler_apply(call);
     }
     snprintf(call->error, call->error_len, "unknown handler type");
     return APPLY_NON_RETRYABLE;
@@ -23,6 +27,12 @@ void handler_release(const config_consumer *consumer, void *state)
     switch (consumer->handler.type) {
     case CONFIG_HANDLER_STATE_MACHINE:
         state_machine_release(consumer, state);
+        break;
+    case CONFIG_HANDLER_SQL:
+        sql_handler_release(consumer, state);
+        break;
+    case CONFIG_HANDLER_PLUGIN:
+        plugin_handler_release(consumer, state);
         break;
     }
 }

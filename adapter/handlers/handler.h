@@ -5,7 +5,8 @@
  * the business update on the same connection and reports an apply_status with a reason. The store
  * commits on APPLY_COMMITTED / APPLY_STATE_NOOP and rolls back otherwise, so a failed business
  * step never leaves a dedup row behind. Handlers may keep per-connection state (prepared
- * statements) in *state; it is released before the connection closes.
+ * statements) in *state; it is released before the connection closes. Handlers: state_machine,
+ * sql and plugin.
  * Thread affinity: the DB worker that owns db.
  */
 #ifndef IDEMQ_HANDLER_H
@@ -26,6 +27,8 @@ typedef struct handler_call {
     char *error;                        /* reason for anything but APPLY_COMMITTED */
     size_t error_len;
     unsigned int mysql_errno;           /* set when a MySQL error decided the status */
+    const void *body;                   /* borrowed raw message body; may be NULL */
+    size_t body_len;
 } handler_call;
 
 /* Runs the consumer's handler. Never commits or rolls back. */
@@ -37,5 +40,13 @@ void handler_release(const config_consumer *consumer, void *state);
 /* The state machine handler; see state_machine.c. */
 apply_status state_machine_apply(handler_call *call);
 void state_machine_release(const config_consumer *consumer, void *state);
+
+/* The sql handler: the configured statements with :field placeholders; see sql.c. */
+apply_status sql_handler_apply(handler_call *call);
+void sql_handler_release(const config_consumer *consumer, void *state);
+
+/* The plugin handler: calls the consumer's loaded plugin (handlers/plugin.h); see plugin.c. */
+apply_status plugin_handler_apply(handler_call *call);
+void plugin_handler_release(const config_consumer *consumer, void *state);
 
 #endif

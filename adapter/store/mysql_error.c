@@ -30,6 +30,10 @@ apply_status mysql_error_classify(unsigned int error_number)
     case CR_SERVER_LOST_EXTENDED:
     case CR_COMMANDS_OUT_OF_SYNC:
     case ER_CON_COUNT_ERROR:
+    case ER_SERVER_SHUTDOWN:
+#ifdef ER_CONNECTION_KILLED
+    case ER_CONNECTION_KILLED: /* MariaDB only: KILL CONNECTION, e.g. by a failover tool */
+#endif
     case ER_OPTION_PREVENTS_STATEMENT: /* --read-only after a failover */
     case ER_READ_ONLY_MODE:
     case ER_NO_SUCH_TABLE:

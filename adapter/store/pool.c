@@ -206,6 +206,8 @@ static apply_status run_transaction(store_worker *w, store_job *job)
             .db = w->db,
             .consumer = consumer,
             .env = job->env,
+            .body = job->body,
+            .body_len = job->body_len,
             .state = &w->handler_states[job->consumer_index],
             .error = job->error,
             .error_len = sizeof job->error,

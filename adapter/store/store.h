@@ -35,6 +35,8 @@ struct store_job {
     store_job_kind kind;
     size_t consumer_index;            /* index into cfg->consumers (and the handler state) */
     const envelope *env;              /* borrowed until on_done */
+    const void *body;                 /* raw body, borrowed until on_done; may be NULL (plugins) */
+    size_t body_len;
     store_done_cb on_done;            /* runs on the loop thread, exactly once per accepted job */
     /* results, written by the worker */
     apply_status status;

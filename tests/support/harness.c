@@ -68,27 +68,32 @@ void harness_write_config(harness *h, const harness_options *o)
             "    declare: %s\n"
             "    queue_type: %s\n"
             "    retry: {max_retries: %u, base: %s, jitter: %s, max_delay: %s}\n"
-            "    handler:\n"
-            "      type: state_machine\n"
-            "      table: orders\n"
-            "      key_column: order_id\n"
-            "      key_field: order_id\n"
-            "      state_column: status\n"
-            "      event_field: event_type\n"
-            "      on_illegal: %s\n"
-            "      transitions:\n"
-            "        PAY_SUCCESS:    {from: [PAYING], to: PAID}\n"
-            "        REFUND_START:   {from: [PAID], to: REFUNDING}\n"
-            "        REFUND_SUCCESS: {from: [REFUNDING], to: REFUNDED}\n"
-            "      set: {amount: amount}\n"
-            "%s",
+            "    handler:\n",
             required_env("IDEMQ_TEST_AMQP_URL"), o->prefetch ? o->prefetch : 64, mysql_url,
             o->workers ? o->workers : 4, o->shutdown_timeout ? o->shutdown_timeout : "25s",
             h->queue, o->declare ? o->declare : "create",
             o->queue_type ? o->queue_type : "quorum", o->retry_set ? o->max_retries : 3,
             o->base ? o->base : "100ms", o->jitter ? o->jitter : "50ms",
-            o->max_delay ? o->max_delay : "1h", o->on_illegal ? o->on_illegal : "dead_letter",
-            o->extra_consumer_yaml ? o->extra_consumer_yaml : "");
+            o->max_delay ? o->max_delay : "1h");
+    if (o->handler_yaml)
+        fputs(o->handler_yaml, f);
+    else
+        fprintf(f,
+                "      type: state_machine\n"
+                "      table: orders\n"
+                "      key_column: order_id\n"
+                "      key_field: order_id\n"
+                "      state_column: status\n"
+                "      event_field: event_type\n"
+                "      on_illegal: %s\n"
+                "      transitions:\n"
+                "        PAY_SUCCESS:    {from: [PAYING], to: PAID}\n"
+                "        REFUND_START:   {from: [PAID], to: REFUNDING}\n"
+                "        REFUND_SUCCESS: {from: [REFUNDING], to: REFUNDED}\n"
+                "      set: {amount: amount}\n",
+                o->on_illegal ? o->on_illegal : "dead_letter");
+    fputs(o->extra_consumer_yaml ? o->extra_consumer_yaml : "", f);
+    fputs(o->top_yaml ? o->top_yaml : "", f);
     fclose(f);
 }
 
@@ -461,8 +466,8 @@ void harness_publish_batch(harness *h, const char *routing_key, const char *cont
         for (size_t i = 0; i < n; i++) {
             amqp_bytes_t bytes = {.len = lens[start + i], .bytes = (void *)bodies[start + i]};
             int rc = amqp_basic_publish(h->amqp, BROKER_CHANNEL, amqp_empty_bytes,
-                                        amqp_cstring_bytes(routing_key ? routing_key : h->queue),
-                                        0, 0, &props, bytes);
+                                        amqp_cstring_bytes(routing_key ? routing_key : h->queue), 0,
+                                        0, &props, bytes);
             cr_assert(rc == AMQP_STATUS_OK, "publish: %s", amqp_error_string2(rc));
             h->publish_seq++;
         }
@@ -474,8 +479,9 @@ void harness_publish_batch(harness *h, const char *routing_key, const char *cont
             amqp_frame_t frame;
             struct timeval timeout = {.tv_sec = 30};
             int rc = amqp_simple_wait_frame_noblock(h->amqp, &frame, &timeout);
-            cr_assert(rc == AMQP_STATUS_OK, "waiting for publisher confirms (%zu of %zu missing): %s",
-                      missing, n, amqp_error_string2(rc));
+            cr_assert(rc == AMQP_STATUS_OK,
+                      "waiting for publisher confirms (%zu of %zu missing): %s", missing, n,
+                      amqp_error_string2(rc));
             if (frame.frame_type != AMQP_FRAME_METHOD)
                 continue;
             cr_assert(frame.payload.method.id != AMQP_BASIC_NACK_METHOD, "publish was nacked");
@@ -496,9 +502,8 @@ void harness_publish_batch(harness *h, const char *routing_key, const char *cont
 
 bool harness_queue_info(harness *h, const char *queue, long *messages, long *consumers)
 {
-    amqp_queue_declare_ok_t *ok = amqp_queue_declare(h->amqp, BROKER_CHANNEL,
-                                                     amqp_cstring_bytes(queue), 1, 0, 0, 0,
-                                                     amqp_empty_table);
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(
+        h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(queue), 1, 0, 0, 0, amqp_empty_table);
     if (!ok) {
         /* The 404 closed the channel; a reopened channel is not in confirm mode and numbers
          * its publishes from 1 again. */

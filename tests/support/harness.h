@@ -39,6 +39,10 @@ typedef struct harness_options {
     const char *declare;    /* NULL → create */
     const char *extra_consumer_yaml; /* appended inside the consumer (indented 4 spaces) */
     const char *shutdown_timeout;    /* NULL → 25s */
+    /* ---- appended for tests/integration/test_handlers.c ---- */
+    const char *handler_yaml; /* replaces the whole state_machine body under "    handler:"
+                                 (lines indented 6 spaces); NULL → the orders state machine */
+    const char *top_yaml;     /* appended at the top level, e.g. "dedup: {retention: 1h}\n" */
 } harness_options;
 
 /* Creates database + orders/msg_dedup tables, a unique queue name, a config file, and an AMQP
@@ -110,8 +114,6 @@ void harness_db_reconnect(harness *h, int timeout_ms);
 struct json_t;
 struct json_t *harness_log_load(harness *h);
 
-#endif
-
 /* ---- added for tests/integration/test_core.c (append-only) ---------------------------------- */
 
 /* Runs `idemq topology -c h->config_path` (declares the work queue, retry ladder and DLQ) so a
@@ -139,3 +141,5 @@ long harness_log_count_in(const char *log_path, const char *needle);
 
 /* Drops h->amqp and connects again (the broker was restarted), retrying for up to timeout_ms. */
 void harness_reconnect_amqp(harness *h, int timeout_ms);
+
+#endif

@@ -1311,7 +1311,7 @@ Test(config, sql_handler_errors_have_lines)
          "consumers[0].handler.statements: the list is empty; give at least one statement"},
         {"      type: sql\n      statements: \"UPDATE t SET a = 1\"\n", 8,
          "consumers[0].handler.statements: expected a list of {sql: ..., expect_rows: N}"},
-        {"      type: sql\n", 6, "missing required key 'consumers[0].handler.statements'"},
+        {"      type: sql\n", 7, "missing required key 'consumers[0].handler.statements'"},
         {SQL_HEAD "        - sql: \"\"\n", 9,
          "consumers[0].handler.statements[0].sql: the statement is empty"},
         {SQL_HEAD "        - \"   \"\n", 9,
@@ -1407,7 +1407,7 @@ Test(config, sql_statement_size_and_count_limits)
     fclose(f);
     r = load_handler(text);
     cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
-    assert_error(r, 8, "consumers[0].handler.statements: 65 statements; at most 64 are supported");
+    assert_error(r, 9, "consumers[0].handler.statements: 65 statements; at most 64 are supported");
     result_free(&r);
     free(text);
 }
@@ -1453,7 +1453,7 @@ Test(config, plugin_handler_errors_have_lines)
         {"      type: plugin\n      path: plugins/x.so\n", 8,
          "consumers[0].handler.path: plugin path 'plugins/x.so' must be absolute (start with /)"},
         {"      type: plugin\n      path: \"\"\n", 8, "plugin path must not be empty"},
-        {"      type: plugin\n      config: {a: 1}\n", 6,
+        {"      type: plugin\n      config: {a: 1}\n", 7,
          "missing required key 'consumers[0].handler.path'"},
         {"      type: plugin\n      path: /x.so\n      config: {a: 1, a: 2}\n", 9,
          "consumers[0].handler.config: key 'a' is given twice"},
@@ -1489,14 +1489,32 @@ Test(config, dedup_retention_defaults_values_and_errors)
     static const slot_case cases[] = {
         {'T', "dedup: {retention: 1500ms}", "dedup.retention: must be whole seconds, got 1500ms"},
         {'T', "dedup: {retention: forever}", "dedup.retention: 'forever' is not a valid duration"},
-        {'T', "dedup: {retention: 3651d}", "dedup.retention: must be between 0 and 3650d"},
+        {'T', "dedup: {retention: 3651d}", "dedup.retention: must be between 0ms and 3650d"},
         {'T', "dedup: {interval: 0}", "dedup.interval: must be between 1s and 1d, got 0"},
         {'T', "dedup: {interval: 500ms}", "dedup.interval: must be between 1s and 1d"},
         {'T', "dedup: {batch: 0}", "dedup.batch: must be between 1 and 100000, got 0"},
         {'T', "dedup: {batch: 100001}", "dedup.batch: must be between 1 and 100000, got 100001"},
-        {'T', "dedup: {retain: 1d}", "unknown key 'dedup.retain' (did you mean 'dedup.retention'?)"},
+        {'T', "dedup: {retain: 1d}",
+         "unknown key 'dedup.retain' (known keys in dedup: retention, interval, batch)"},
+        {'T', "dedup: {bach: 10}", "unknown key 'dedup.bach' (did you mean 'dedup.batch'?)"},
         {'T', "dedup: 30d", "dedup: expected a mapping, got a string"},
         {'T', "dedup: {retention: 0}", NULL},
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+Test(config, shipped_handlers_example_loads)
+{
+    result r = load_path(IDEMQ_SOURCE_DIR "/examples/handlers.yaml");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->consumer_count, 2);
+    cr_assert_eq(r.cfg->dedup.retention_ms, 30ULL * 86400000);
+    const config_handler *sql = &r.cfg->consumers[0].handler, *plugin = &r.cfg->consumers[1].handler;
+    cr_assert_eq(sql->type, CONFIG_HANDLER_SQL);
+    cr_assert_eq(sql->sql.statement_count, 2);
+    cr_assert_str_eq(sql->sql.statements[1].prepared,
+                     "INSERT INTO ledger (biz_key, account, amount) VALUES (?, ?, ?)");
+    cr_assert_eq(plugin->type, CONFIG_HANDLER_PLUGIN);
+    cr_assert_str_eq(plugin->plugin.config_json, "{\"fail_first_n\":0}");
+    result_free(&r);
 }

@@ -1,0 +1,239 @@
+/*
+ * retention — see retention.h. A sweep is a loop of prepared DELETE … LIMIT batch statements,
+ * each committed on its own; the wait between sweeps is a condition variable with a timeout, so
+ * retention_stop wakes the thread at once instead of waiting out a sleep.
+ */
+#include "store/retention.h"
+
+#include <mysql.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "ops/log.h"
+#include "store/dsn.h"
+
+#define RETENTION_WARN_BELOW_MS (3600 * 1000ULL)
+#define RETENTION_LOCK_WAIT_S 5
+
+static const char delete_sql[] =
+    "DELETE FROM msg_dedup WHERE created_at < NOW(3) - INTERVAL ? SECOND "
+    "ORDER BY created_at LIMIT ?";
+
+struct retention {
+    const config *cfg;
+    store_dsn dsn;
+    uv_thread_t thread;
+    uv_mutex_t lock;
+    uv_cond_t wake;
+    atomic_bool stopping; /* also read between batches, without the lock */
+    MYSQL *db;            /* the job thread's */
+    MYSQL_STMT *delete_stmt;
+};
+
+static void disconnect(retention *job)
+{
+    if (job->delete_stmt)
+        mysql_stmt_close(job->delete_stmt);
+    job->delete_stmt = NULL;
+    if (job->db)
+        mysql_close(job->db);
+    job->db = NULL;
+}
+
+/* Connects and prepares the DELETE when needed. Returns 0, or -1 with a reason in err. */
+static int ensure_ready(retention *job, char *err, size_t err_len)
+{
+    const store_dsn *dsn = &job->dsn;
+    if (job->delete_stmt)
+        return 0;
+    if (!job->db) {
+        unsigned int connect_timeout = 5, io_timeout = 30;
+        job->db = mysql_init(NULL);
+        if (!job->db) {
+            snprintf(err, err_len, "mysql_init: out of memory");
+            return -1;
+        }
+        mysql_options(job->db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
+        mysql_options(job->db, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
+        mysql_options(job->db, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
+        mysql_options(job->db, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+        if (!mysql_real_connect(job->db, dsn->socket[0] ? "localhost" : dsn->host,
+                                dsn->user[0] ? dsn->user : NULL, dsn->password, dsn->database,
+                                dsn->port, dsn->socket[0] ? dsn->socket : NULL, 0)) {
+            snprintf(err, err_len, "cannot connect to MySQL at %s:%u/%s: %s (error %u)",
+                     dsn->socket[0] ? dsn->socket : dsn->host, dsn->port, dsn->database,
+                     mysql_error(job->db), mysql_errno(job->db));
+            disconnect(job);
+            return -1;
+        }
+        char sql[96];
+        snprintf(sql, sizeof sql, "SET SESSION innodb_lock_wait_timeout = %d",
+                 RETENTION_LOCK_WAIT_S);
+        if (mysql_autocommit(job->db, 0) != 0 || mysql_query(job->db, sql) != 0) {
+            snprintf(err, err_len, "cannot set up the retention session: %s (error %u)",
+                     mysql_error(job->db), mysql_errno(job->db));
+            disconnect(job);
+            return -1;
+        }
+    }
+    job->delete_stmt = mysql_stmt_init(job->db);
+    if (!job->delete_stmt ||
+        mysql_stmt_prepare(job->delete_stmt, delete_sql, sizeof delete_sql - 1) != 0) {
+        snprintf(err, err_len, "cannot prepare the retention DELETE: %s (error %u)",
+                 job->delete_stmt ? mysql_stmt_error(job->delete_stmt) : "out of memory",
+                 job->delete_stmt ? mysql_stmt_errno(job->delete_stmt) : 0);
+        disconnect(job);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *format_seconds(char *buf, size_t len, uint64_t s)
+{
+    if (s % 86400 == 0)
+        snprintf(buf, len, "%llud", (unsigned long long)(s / 86400));
+    else if (s % 3600 == 0)
+        snprintf(buf, len, "%lluh", (unsigned long long)(s / 3600));
+    else if (s % 60 == 0)
+        snprintf(buf, len, "%llum", (unsigned long long)(s / 60));
+    else
+        snprintf(buf, len, "%llus", (unsigned long long)s);
+    return buf;
+}
+
+/* One sweep: batches until one deletes fewer than batch rows, an error, or a stop request. */
+static void sweep(retention *job)
+{
+    const config_dedup *d = &job->cfg->dedup;
+    long long age_s = (long long)(d->retention_ms / 1000), limit = d->batch;
+    unsigned long long deleted = 0;
+    unsigned batches = 0;
+    uint64_t started = uv_hrtime();
+    char err[768] = "", window[32];
+
+    if (ensure_ready(job, err, sizeof err) != 0)
+        goto out;
+    for (;;) {
+        MYSQL_BIND params[2];
+        memset(params, 0, sizeof params);
+        params[0].buffer_type = MYSQL_TYPE_LONGLONG;
+        params[0].buffer = &age_s;
+        params[1].buffer_type = MYSQL_TYPE_LONGLONG;
+        params[1].buffer = &limit;
+        if (mysql_stmt_bind_param(job->delete_stmt, params) ||
+            mysql_stmt_execute(job->delete_stmt)) {
+            snprintf(err, sizeof err, "DELETE failed: %s (error %u)",
+                     mysql_stmt_error(job->delete_stmt), mysql_stmt_errno(job->delete_stmt));
+            mysql_rollback(job->db);
+            break;
+        }
+        unsigned long long rows = (unsigned long long)mysql_stmt_affected_rows(job->delete_stmt);
+        if (mysql_commit(job->db) != 0) {
+            snprintf(err, sizeof err, "COMMIT failed: %s (error %u)", mysql_error(job->db),
+                     mysql_errno(job->db));
+            break;
+        }
+        deleted += rows;
+        batches++;
+        if (rows < (unsigned long long)limit || atomic_load(&job->stopping))
+            break;
+    }
+out:
+    format_seconds(window, sizeof window, (uint64_t)age_s);
+    if (err[0]) {
+        /* Drop the connection: the next sweep starts from a clean session. */
+        disconnect(job);
+        log_warn(LOG_NO_CONTEXT,
+                 "dedup retention: sweep failed after deleting %llu rows (retention %s): %s",
+                 deleted, window, err);
+        return;
+    }
+    log_info(LOG_NO_CONTEXT,
+             "dedup retention: deleted %llu msg_dedup rows older than %s in %u batch(es), "
+             "%.1f ms",
+             deleted, window, batches, (double)(uv_hrtime() - started) / 1e6);
+}
+
+static void job_main(void *arg)
+{
+    retention *job = arg;
+    uint64_t interval_ns = job->cfg->dedup.interval_ms * 1000000ULL;
+
+    mysql_thread_init();
+    while (!atomic_load(&job->stopping)) {
+        sweep(job);
+        uint64_t deadline = uv_hrtime() + interval_ns;
+        uv_mutex_lock(&job->lock);
+        for (;;) {
+            uint64_t now = uv_hrtime();
+            if (atomic_load(&job->stopping) || now >= deadline)
+                break;
+            uv_cond_timedwait(&job->wake, &job->lock, deadline - now);
+        }
+        uv_mutex_unlock(&job->lock);
+    }
+    disconnect(job);
+    mysql_thread_end();
+}
+
+int retention_start(const config *cfg, retention **out, char *err, size_t err_len)
+{
+    char window[32];
+    *out = NULL;
+    if (cfg->dedup.retention_ms == 0)
+        return 0;
+    retention *job = calloc(1, sizeof *job);
+    if (!job) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    job->cfg = cfg;
+    if (store_dsn_parse(cfg->mysql_url, &job->dsn, err, err_len) != 0) {
+        free(job);
+        return -1;
+    }
+    /* mysql_library_init is not thread-safe: make sure it ran here, on the main thread, before
+     * the job's thread calls mysql_init. Calling it again later is harmless. */
+    mysql_library_init(0, NULL, NULL);
+    atomic_init(&job->stopping, false);
+    uv_mutex_init(&job->lock);
+    uv_cond_init(&job->wake);
+    int rc = uv_thread_create(&job->thread, job_main, job);
+    if (rc != 0) {
+        snprintf(err, err_len, "cannot start the retention thread: %s", uv_strerror(rc));
+        uv_cond_destroy(&job->wake);
+        uv_mutex_destroy(&job->lock);
+        free(job);
+        return -1;
+    }
+    format_seconds(window, sizeof window, cfg->dedup.retention_ms / 1000);
+    if (cfg->dedup.retention_ms < RETENTION_WARN_BELOW_MS)
+        log_warn(LOG_NO_CONTEXT,
+                 "dedup.retention is %s, under 1h: a redelivery or replay of a message older "
+                 "than that is applied again",
+                 window);
+    log_info(LOG_NO_CONTEXT,
+             "dedup retention on: rows older than %s are deleted every %.3g s, %u per batch",
+             window, (double)cfg->dedup.interval_ms / 1000.0, cfg->dedup.batch);
+    *out = job;
+    return 0;
+}
+
+void retention_stop(retention *job)
+{
+    if (!job)
+        return;
+    uv_mutex_lock(&job->lock);
+    atomic_store(&job->stopping, true);
+    uv_cond_signal(&job->wake);
+    uv_mutex_unlock(&job->lock);
+    uv_thread_join(&job->thread);
+    uv_cond_destroy(&job->wake);
+    uv_mutex_destroy(&job->lock);
+    free(job);
+}
