@@ -26,10 +26,10 @@
 #define DEFAULT_WRITE_TIMEOUT_MS 10000
 #define DEFAULT_LINGER_MS 1000
 #define LISTEN_BACKLOG 128
-#define ACCEPT_RETRY_MS 100     /* after running out of memory while accepting */
+#define ACCEPT_RETRY_MS 100 /* after running out of memory while accepting */
 #define MAX_METHOD 32
 #define MAX_HEADER_FIELDS 100
-#define MAX_BLANK_LINES 4       /* ignored before the request line (RFC 9112 §2.2) */
+#define MAX_BLANK_LINES 4 /* ignored before the request line (RFC 9112 §2.2) */
 
 typedef enum conn_state {
     CONN_READING,   /* receiving the request head */
@@ -56,35 +56,35 @@ typedef enum http_method {
 #define PARSE_DONE 1
 
 typedef struct http_conn {
-    uv_tcp_t tcp;               /* first member: the read callbacks get it back */
-    uv_timer_t timer;           /* head deadline, then write deadline, then linger */
+    uv_tcp_t tcp;     /* first member: the read callbacks get it back */
+    uv_timer_t timer; /* head deadline, then write deadline, then linger */
     uv_write_t write_req;
     uv_shutdown_t shutdown_req;
     http_server *server;
     struct http_conn *prev, *next;
     conn_state state;
-    int open_handles;           /* tcp + timer until their close callbacks ran */
-    bool eof;                   /* the client shut down its side */
+    int open_handles; /* tcp + timer until their close callbacks ran */
+    bool eof;         /* the client shut down its side */
     /* parser */
-    size_t len;                 /* bytes of head received */
-    size_t line_start;          /* start of the line being received */
-    size_t scanned;             /* bytes already checked byte by byte */
+    size_t len;        /* bytes of head received */
+    size_t line_start; /* start of the line being received */
+    size_t scanned;    /* bytes already checked byte by byte */
     unsigned blank_lines;
     bool have_request_line;
     unsigned header_fields;
-    const char *why;            /* reason of a parse error, for the debug log */
+    const char *why; /* reason of a parse error, for the debug log */
     /* request */
     http_method method;
     http_route route;
-    int minor;                  /* HTTP/1.minor */
+    int minor; /* HTTP/1.minor */
     unsigned hosts;
     bool has_content_length;
     uint64_t content_length;
     bool has_transfer_encoding;
-    char path[64];              /* for the debug log; truncated */
+    char path[64]; /* for the debug log; truncated */
     /* response */
     char response_head[512];
-    char *body;                 /* body_owned: malloc'd (metrics page), else static or small */
+    char *body; /* body_owned: malloc'd (metrics page), else static or small */
     size_t body_len;
     bool body_owned;
     char small_body[320];
@@ -95,13 +95,13 @@ struct http_server {
     uv_loop_t *loop;
     uv_tcp_t listener;
     uv_timer_t retry_timer;
-    int open_handles;           /* listener + retry_timer */
+    int open_handles; /* listener + retry_timer */
     const metrics *metrics;
     http_ready_cb ready;
     void *ready_ctx;
     unsigned max_connections;
     uint64_t head_timeout_ms, write_timeout_ms, linger_ms;
-    unsigned live;              /* conns allocated and not yet freed */
+    unsigned live; /* conns allocated and not yet freed */
     http_conn *conns;
     bool freeing;
     struct sockaddr_storage bound;
@@ -162,8 +162,9 @@ static void on_deadline(uv_timer_t *timer)
 {
     http_conn *c = timer->data;
     if (c->state == CONN_READING)
-        log_debug(LOG_NO_CONTEXT, "http: request head not complete after %" PRIu64
-                  " ms (%zu bytes): closing", c->server->head_timeout_ms, c->len);
+        log_debug(LOG_NO_CONTEXT,
+                  "http: request head not complete after %" PRIu64 " ms (%zu bytes): closing",
+                  c->server->head_timeout_ms, c->len);
     conn_close(c);
 }
 
@@ -379,16 +380,26 @@ static int parse_feed(http_conn *c)
 static const char *reason_phrase(int status)
 {
     switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 414: return "URI Too Long";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Error";
+    case 200:
+        return "OK";
+    case 400:
+        return "Bad Request";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 414:
+        return "URI Too Long";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 500:
+        return "Internal Server Error";
+    case 503:
+        return "Service Unavailable";
+    case 505:
+        return "HTTP Version Not Supported";
+    default:
+        return "Error";
     }
 }
 
@@ -424,8 +435,8 @@ static void on_write(uv_write_t *req, int status)
  * Queues the response and moves to CONN_WRITING. body is borrowed unless body_owned (then taken).
  * extra_headers is NULL or CRLF-terminated header lines.
  */
-static void respond(http_conn *c, int status, const char *content_type, char *body,
-                    size_t body_len, bool body_owned, const char *extra_headers)
+static void respond(http_conn *c, int status, const char *content_type, char *body, size_t body_len,
+                    bool body_owned, const char *extra_headers)
 {
     c->body = body;
     c->body_len = body_len;
@@ -451,7 +462,9 @@ static void respond(http_conn *c, int status, const char *content_type, char *bo
         return;
     }
     log_debug(LOG_NO_CONTEXT, "http: %s %s -> %d%s%s",
-              c->method == METHOD_GET ? "GET" : c->method == METHOD_HEAD ? "HEAD" : "?",
+              c->method == METHOD_GET    ? "GET"
+              : c->method == METHOD_HEAD ? "HEAD"
+                                         : "?",
               c->path[0] ? c->path : "-", status, c->why ? ": " : "", c->why ? c->why : "");
     c->state = CONN_WRITING;
     uv_timer_start(&c->timer, on_deadline, c->server->write_timeout_ms, 0);
@@ -473,10 +486,19 @@ static void respond_error(http_conn *c, int status)
 {
     const char *text;
     switch (status) {
-    case 414: text = "request line too long\n"; break;
-    case 431: text = "request header fields too large\n"; break;
-    case 505: text = "HTTP version not supported\n"; break;
-    default: text = "bad request\n"; status = 400; break;
+    case 414:
+        text = "request line too long\n";
+        break;
+    case 431:
+        text = "request header fields too large\n";
+        break;
+    case 505:
+        text = "HTTP version not supported\n";
+        break;
+    default:
+        text = "bad request\n";
+        status = 400;
+        break;
     }
     /* An error answers every method with a body, HEAD included: the request is not trusted. */
     c->method = METHOD_OTHER;
@@ -563,7 +585,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     } else if (rc != PARSE_MORE) {
         respond_error(c, rc);
     } else if (c->len == sizeof c->buf) {
-        c->why = "request head larger than " "8192" " bytes";
+        c->why = "request head larger than HTTP_HEAD_MAX bytes";
         respond_error(c, c->have_request_line ? 431 : 414);
     }
 }
@@ -693,8 +715,8 @@ static int resolve(const char *host, int port, struct sockaddr_storage *out, cha
     if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)out) == 0)
         return 0;
     /* A name: resolved once at startup, before the loop serves anything. */
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
     struct addrinfo *res = NULL;
     int rc = getaddrinfo(host, NULL, &hints, &res);
     if (rc != 0 || !res) {
@@ -711,8 +733,8 @@ static int resolve(const char *host, int port, struct sockaddr_storage *out, cha
     return 0;
 }
 
-int http_server_new(uv_loop_t *loop, const http_server_options *opts, http_server **out,
-                    char *err, size_t err_len)
+int http_server_new(uv_loop_t *loop, const http_server_options *opts, http_server **out, char *err,
+                    size_t err_len)
 {
     char host[256];
     int port = 0, rc;

@@ -77,8 +77,8 @@ typedef struct http_server_options {
  * UV_EINVAL for an unparsable address, UV_ENOMEM, …), leaves *out NULL and explains in err.
  * opts is borrowed for the call; the pointers inside it are kept as documented above.
  */
-int http_server_new(uv_loop_t *loop, const http_server_options *opts, http_server **out,
-                    char *err, size_t err_len);
+int http_server_new(uv_loop_t *loop, const http_server_options *opts, http_server **out, char *err,
+                    size_t err_len);
 
 /* The bound port (useful after binding port 0), or -1. */
 int http_server_port(const http_server *s);

@@ -1,6 +1,8 @@
 /*
  * harness — see harness.h. Test-only code: failures abort the test through cr_assert.
  */
+/* nftw needs the X/Open extensions. */
+#define _XOPEN_SOURCE 700
 #include "harness.h"
 
 #include <amqp_tcp_socket.h>
@@ -8,6 +10,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -144,11 +147,28 @@ void harness_init(harness *h, const char *test_name, const harness_options *opts
     harness_write_config(h, opts);
 }
 
+/* After a channel error: reopen the channel in confirm mode, so publishes keep confirming. */
+static void reopen_channel(harness *h)
+{
+    broker_reopen_channel(h->amqp);
+    amqp_confirm_select(h->amqp, BROKER_CHANNEL);
+    amqp_get_rpc_reply(h->amqp);
+    h->publish_seq = 0;
+}
+
 static void delete_queue(harness *h, const char *queue)
 {
     amqp_queue_delete(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(queue), 0, 0);
     if (amqp_get_rpc_reply(h->amqp).reply_type != AMQP_RESPONSE_NORMAL)
-        broker_reopen_channel(h->amqp);
+        reopen_channel(h);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)st;
+    (void)type;
+    (void)ftw;
+    return remove(path);
 }
 
 void harness_fini(harness *h)
@@ -167,7 +187,7 @@ void harness_fini(harness *h)
             snprintf(name, sizeof name, "%s%s", h->queue, suffixes[i]);
             amqp_exchange_delete(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0);
             if (amqp_get_rpc_reply(h->amqp).reply_type != AMQP_RESPONSE_NORMAL)
-                broker_reopen_channel(h->amqp);
+                reopen_channel(h);
         }
         broker_close(h->amqp);
         h->amqp = NULL;
@@ -180,6 +200,9 @@ void harness_fini(harness *h)
         h->db = NULL;
     }
     mysql_library_end();
+    /* Reached only when the test passed: a failed test keeps its config and logs for reading. */
+    if (h->dir[0])
+        nftw(h->dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
 }
 
 static void vsql(harness *h, const char *fmt, va_list ap)
@@ -297,7 +320,7 @@ long harness_queue_depth(harness *h, const char *queue)
                                                      amqp_cstring_bytes(queue), 1, 0, 0, 0,
                                                      amqp_empty_table);
     if (!ok) {
-        broker_reopen_channel(h->amqp);
+        reopen_channel(h);
         return -1;
     }
     return (long)ok->message_count;
@@ -507,7 +530,7 @@ bool harness_queue_info(harness *h, const char *queue, long *messages, long *con
     if (!ok) {
         /* The 404 closed the channel; a reopened channel is not in confirm mode and numbers
          * its publishes from 1 again. */
-        broker_reopen_channel(h->amqp);
+        reopen_channel(h);
         amqp_confirm_select(h->amqp, BROKER_CHANNEL);
         cr_assert(amqp_get_rpc_reply(h->amqp).reply_type == AMQP_RESPONSE_NORMAL,
                   "confirm.select after reopening the channel failed");

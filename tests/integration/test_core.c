@@ -1,0 +1,1054 @@
+/*
+ * Core integration tests (issue 2, "Must show"): the real idemq binary against real RabbitMQ and
+ * MariaDB. Each test has its own database and queue (harness.h), so Criterion may run them in
+ * parallel. Every wait is on an observable condition (a row count, a queue depth, a log line)
+ * with a generous deadline; no sleep is used as synchronisation.
+ *
+ * Outcomes are read from idemq's JSON log lines ("outcome":"processed" …) and from the
+ * "summary processed=… deduped=…" line it writes when it stops on SIGTERM.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <msgpack.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define DEADLINE_MS 60000
+#define STOP_MS 30000
+
+#define OUT_PROCESSED "\"outcome\":\"processed\""
+#define OUT_DEDUPED "\"outcome\":\"deduped\""
+#define OUT_STATE_NOOP "\"outcome\":\"state_noop\""
+#define OUT_RETRIED "\"outcome\":\"retried\""
+#define OUT_DEAD_LETTERED "\"outcome\":\"dead_lettered\""
+#define READY_LINE "consuming with handler"
+
+/* ---- per-test state and cleanup ------------------------------------------------------------ */
+
+/* Criterion runs each test in its own process: these statics are per test. The fini hook kills
+ * any idemq a failed assertion left behind, then drops the test's database and queues. */
+static harness H;
+static bool h_ready;
+static pid_t spawned[8];
+
+static void track(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof spawned / sizeof spawned[0]; i++)
+        if (spawned[i] == 0) {
+            spawned[i] = pid;
+            return;
+        }
+    cr_assert_fail("too many idemq processes in one test");
+}
+
+static int stop_idemq(pid_t pid, int sig)
+{
+    for (size_t i = 0; i < sizeof spawned / sizeof spawned[0]; i++)
+        if (spawned[i] == pid)
+            spawned[i] = 0;
+    return harness_stop(pid, sig, STOP_MS);
+}
+
+static void core_fini(void)
+{
+    for (size_t i = 0; i < sizeof spawned / sizeof spawned[0]; i++)
+        if (spawned[i] > 0) {
+            harness_stop(spawned[i], SIGKILL, 5000);
+            spawned[i] = 0;
+        }
+    if (h_ready)
+        harness_fini(&H);
+    h_ready = false;
+}
+
+TestSuite(core, .fini = core_fini);
+
+static void setup(const char *name, const harness_options *opts)
+{
+    harness_init(&H, name, opts);
+    h_ready = true;
+}
+
+/* ---- log reading ------------------------------------------------------------------------- */
+
+/* Lines of path containing needle and (when not NULL) also needle2. */
+static long lines_with(const char *path, const char *needle, const char *needle2)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    long count = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0)
+        if (strstr(line, needle) && (!needle2 || strstr(line, needle2)))
+            count++;
+    free(line);
+    fclose(f);
+    return count;
+}
+
+typedef struct log_wait {
+    const char *path;
+    const char *needle, *needle2;
+    long at_least;
+} log_wait;
+
+static bool log_reached(harness *h, void *arg)
+{
+    (void)h;
+    const log_wait *w = arg;
+    return lines_with(w->path, w->needle, w->needle2) >= w->at_least;
+}
+
+/* Waits until path has at least `at_least` lines with needle (and needle2). */
+static bool wait_log(const char *path, const char *needle, const char *needle2, long at_least)
+{
+    log_wait w = {path, needle, needle2, at_least};
+    bool ok = harness_wait_for(log_reached, &H, &w, DEADLINE_MS);
+    if (!ok)
+        cr_log_error("waited %d ms for %ld line(s) with %s%s%s in %s; found %ld", DEADLINE_MS,
+                     at_least, needle, needle2 ? " and " : "", needle2 ? needle2 : "", path,
+                     lines_with(path, needle, needle2));
+    return ok;
+}
+
+/* Waits until the processed + deduped lines over `count` logs, minus `baseline`, reach `want`. */
+typedef struct outcome_wait {
+    const char *paths[2];
+    int count;
+    long baseline, want;
+    long last;
+} outcome_wait;
+
+static bool outcomes_reached(harness *h, void *arg)
+{
+    (void)h;
+    outcome_wait *w = arg;
+    long total = 0;
+    for (int i = 0; i < w->count; i++)
+        total += lines_with(w->paths[i], OUT_PROCESSED, NULL) +
+                 lines_with(w->paths[i], OUT_DEDUPED, NULL);
+    w->last = total - w->baseline;
+    return w->last >= w->want;
+}
+
+typedef struct summary {
+    long processed, deduped, state_noop, retried, dead_lettered, requeued;
+} summary;
+
+/* The last "summary processed=…" line of the log (written at a clean shutdown). */
+static summary last_summary(const char *path)
+{
+    summary s = {-1, -1, -1, -1, -1, -1};
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no log at %s", path);
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
+    while (getline(&line, &cap, f) >= 0) {
+        const char *p = strstr(line, "summary processed=");
+        if (!p)
+            continue;
+        found = sscanf(p,
+                       "summary processed=%ld deduped=%ld state_noop=%ld retried=%ld "
+                       "dead_lettered=%ld requeued=%ld",
+                       &s.processed, &s.deduped, &s.state_noop, &s.retried, &s.dead_lettered,
+                       &s.requeued) == 6;
+    }
+    free(line);
+    fclose(f);
+    cr_assert(found, "no summary line in %s", path);
+    return s;
+}
+
+/* Starts idemq on H's config, logging to path (NULL: H.log_path), and waits until it consumes. */
+static pid_t start_idemq(const char *path)
+{
+    const char *log = path ? path : H.log_path;
+    long before = lines_with(log, READY_LINE, NULL);
+    pid_t pid = path ? harness_spawn_logged(&H, path) : harness_spawn(&H);
+    track(pid);
+    cr_assert(wait_log(log, READY_LINE, NULL, before + 1), "idemq did not start consuming");
+    return pid;
+}
+
+/* ---- waiting on the broker and the database ------------------------------------------------ */
+
+typedef struct queue_wait {
+    const char *queue;
+    long messages;  /* -1: any */
+    long consumers; /* -1: any */
+    long last_messages, last_consumers;
+} queue_wait;
+
+static bool queue_reached(harness *h, void *arg)
+{
+    queue_wait *w = arg;
+    if (!harness_queue_info(h, w->queue, &w->last_messages, &w->last_consumers))
+        return false;
+    return (w->messages < 0 || w->last_messages == w->messages) &&
+           (w->consumers < 0 || w->last_consumers == w->consumers);
+}
+
+static bool wait_queue(const char *queue, long messages, long consumers)
+{
+    queue_wait w = {queue, messages, consumers, -1, -1};
+    bool ok = harness_wait_for(queue_reached, &H, &w, DEADLINE_MS);
+    if (!ok)
+        cr_log_error("waited for %s: %ld messages / %ld consumers; last %ld / %ld", queue, messages,
+                     consumers, w.last_messages, w.last_consumers);
+    return ok;
+}
+
+typedef struct at_least_wait {
+    const char *sql;
+    long long min, last;
+} at_least_wait;
+
+static bool scalar_at_least(harness *h, void *arg)
+{
+    at_least_wait *w = arg;
+    w->last = harness_scalar(h, "%s", w->sql);
+    return w->last >= w->min;
+}
+
+static void dlq_name(char *buf, size_t len)
+{
+    snprintf(buf, len, "%s.dlq", H.queue);
+}
+
+/* ---- message bodies and headers --------------------------------------------------------- */
+
+/* A JSON payment event; amount < 0 leaves the field out. Returns the length. */
+static int event_json(char *buf, size_t cap, const char *biz_key, const char *message_id,
+                      const char *order_id, const char *event, long amount)
+{
+    int n = snprintf(buf, cap,
+                     "{\"message_id\":\"%s\",\"biz_key\":\"%s\",\"order_id\":\"%s\","
+                     "\"event_type\":\"%s\"",
+                     message_id, biz_key, order_id, event);
+    if (amount >= 0)
+        n += snprintf(buf + n, cap - (size_t)n, ",\"amount\":%ld", amount);
+    n += snprintf(buf + n, cap - (size_t)n, "}");
+    cr_assert(n > 0 && (size_t)n < cap);
+    return n;
+}
+
+static void publish_json(const char *biz_key, const char *order_id, const char *event, long amount)
+{
+    char body[512], message_id[160];
+    snprintf(message_id, sizeof message_id, "m-%s", biz_key);
+    int n = event_json(body, sizeof body, biz_key, message_id, order_id, event, amount);
+    harness_publish(&H, NULL, "application/json", body, (size_t)n, NULL);
+}
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+/* A MessagePack payment event in sbuf (caller inits and destroys it). */
+static void event_msgpack(msgpack_sbuffer *sbuf, const char *biz_key, const char *order_id,
+                          const char *event, long amount)
+{
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, sbuf, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 5);
+    pack_str(&pk, "message_id");
+    pack_str(&pk, biz_key);
+    pack_str(&pk, "biz_key");
+    pack_str(&pk, biz_key);
+    pack_str(&pk, "order_id");
+    pack_str(&pk, order_id);
+    pack_str(&pk, "event_type");
+    pack_str(&pk, event);
+    pack_str(&pk, "amount");
+    msgpack_pack_long(&pk, amount);
+}
+
+static const amqp_field_value_t *header(const amqp_basic_properties_t *p, const char *name)
+{
+    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
+        return NULL;
+    size_t len = strlen(name);
+    for (int i = 0; i < p->headers.num_entries; i++) {
+        const amqp_table_entry_t *e = &p->headers.entries[i];
+        if (e->key.len == len && memcmp(e->key.bytes, name, len) == 0)
+            return &e->value;
+    }
+    return NULL;
+}
+
+/* A string header copied into buf ("" when absent or not a string). */
+static const char *header_text(const amqp_basic_properties_t *p, const char *name, char *buf,
+                               size_t len)
+{
+    const amqp_field_value_t *v = header(p, name);
+    buf[0] = '\0';
+    if (v && (v->kind == AMQP_FIELD_KIND_UTF8 || v->kind == AMQP_FIELD_KIND_BYTES))
+        snprintf(buf, len, "%.*s", (int)v->value.bytes.len, (const char *)v->value.bytes.bytes);
+    return buf;
+}
+
+static bool header_int(const amqp_basic_properties_t *p, const char *name, int64_t *out)
+{
+    const amqp_field_value_t *v = header(p, name);
+    if (!v)
+        return false;
+    switch (v->kind) {
+    case AMQP_FIELD_KIND_I8:
+        *out = v->value.i8;
+        return true;
+    case AMQP_FIELD_KIND_U8:
+        *out = v->value.u8;
+        return true;
+    case AMQP_FIELD_KIND_I16:
+        *out = v->value.i16;
+        return true;
+    case AMQP_FIELD_KIND_U16:
+        *out = v->value.u16;
+        return true;
+    case AMQP_FIELD_KIND_I32:
+        *out = v->value.i32;
+        return true;
+    case AMQP_FIELD_KIND_U32:
+        *out = v->value.u32;
+        return true;
+    case AMQP_FIELD_KIND_I64:
+        *out = v->value.i64;
+        return true;
+    case AMQP_FIELD_KIND_U64:
+        *out = (int64_t)v->value.u64;
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool body_contains(amqp_bytes_t b, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (size_t i = 0; i + n <= b.len; i++)
+        if (memcmp((const char *)b.bytes + i, needle, n) == 0)
+            return true;
+    return false;
+}
+
+static bool bytes_equal(amqp_bytes_t b, const char *s)
+{
+    return b.len == strlen(s) && memcmp(b.bytes, s, b.len) == 0;
+}
+
+/* Fixed-seed xorshift for reproducible shuffles. */
+static uint64_t rng_next(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
+
+/* ---- 1. duplicates ----------------------------------------------------------------------- */
+
+Test(core, thousand_events_plus_thousand_duplicates_in_random_order, .timeout = 240)
+{
+    enum { ORDERS = 1000, MESSAGES = 2 * ORDERS };
+    setup("dup1000", NULL);
+    harness_insert_orders(&H, "o", ORDERS, "PAYING");
+    pid_t pid = start_idemq(NULL);
+
+    /* Each event twice; the copy has another message_id (a gateway's second callback), so only
+     * biz_key can tell they are the same. */
+    static char bodies[MESSAGES][256];
+    static const void *ptrs[MESSAGES];
+    static size_t lens[MESSAGES];
+    for (int i = 0; i < MESSAGES; i++) {
+        int order = i % ORDERS;
+        char order_id[16], biz_key[64], message_id[64];
+        snprintf(order_id, sizeof order_id, "o%d", order);
+        snprintf(biz_key, sizeof biz_key, "order_id:o%d:PAY_SUCCESS", order);
+        snprintf(message_id, sizeof message_id, "m-o%d-%d", order, i / ORDERS);
+        lens[i] = (size_t)event_json(bodies[i], sizeof bodies[i], biz_key, message_id, order_id,
+                                     "PAY_SUCCESS", order * 10L + 7);
+        ptrs[i] = bodies[i];
+    }
+    uint64_t seed = 0x1d3e9a7c5b2f4081ULL;
+    for (int i = MESSAGES - 1; i > 0; i--) {
+        int j = (int)(rng_next(&seed) % (uint64_t)(i + 1));
+        const void *p = ptrs[i];
+        size_t l = lens[i];
+        ptrs[i] = ptrs[j];
+        lens[i] = lens[j];
+        ptrs[j] = p;
+        lens[j] = l;
+    }
+    harness_publish_batch(&H, NULL, "application/json", ptrs, lens, MESSAGES);
+
+    cr_assert(harness_wait_scalar(&H, ORDERS, DEADLINE_MS, "SELECT COUNT(*) FROM msg_dedup"));
+    cr_assert(wait_log(H.log_path, OUT_DEDUPED, NULL, ORDERS));
+    cr_assert(wait_log(H.log_path, OUT_PROCESSED, NULL, ORDERS));
+    cr_assert(wait_queue(H.queue, 0, -1), "work queue not drained");
+
+    cr_assert_eq(stop_idemq(pid, SIGTERM), 0, "idemq did not exit 0 on SIGTERM");
+    summary s = last_summary(H.log_path);
+    cr_expect_eq(s.processed, ORDERS, "summary processed=%ld", s.processed);
+    cr_expect_eq(s.deduped, ORDERS, "summary deduped=%ld", s.deduped);
+    cr_expect_eq(s.state_noop, 0, "summary state_noop=%ld", s.state_noop);
+    cr_expect_eq(s.dead_lettered, 0, "summary dead_lettered=%ld", s.dead_lettered);
+    cr_expect_eq(lines_with(H.log_path, OUT_DEDUPED, NULL), ORDERS);
+    cr_expect_eq(lines_with(H.log_path, OUT_PROCESSED, NULL), ORDERS);
+
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), ORDERS);
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup d JOIN orders o ON "
+                                    "d.biz_key = CONCAT('order_id:', o.order_id, ':PAY_SUCCESS') "
+                                    "WHERE d.handler_name = 'pay-callback'"),
+                 ORDERS, "every dedup row names one of the orders' events");
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE status = 'PAID' AND "
+                                    "amount = CAST(SUBSTRING(order_id, 2) AS UNSIGNED) * 10 + 7"),
+                 ORDERS, "every order PAID with its amount");
+    long messages = -1, consumers = -1;
+    cr_assert(harness_queue_info(&H, H.queue, &messages, &consumers));
+    cr_expect_eq(messages, 0, "work queue holds %ld message(s) after the stop", messages);
+    char dlq[160];
+    dlq_name(dlq, sizeof dlq);
+    cr_expect_eq(harness_queue_depth(&H, dlq), 0);
+}
+
+/* ---- 2. two processes, concurrent duplicates ------------------------------------------------- */
+
+Test(core, two_processes_same_message_fifty_times_one_effect, .timeout = 120)
+{
+    enum { COPIES = 50 };
+    setup("two_procs", NULL);
+    harness_insert_orders(&H, "x", 1, "PAYING");
+    char log2[400];
+    snprintf(log2, sizeof log2, "%s/idemq-2.log", H.dir);
+    pid_t a = start_idemq(NULL);
+    pid_t b = start_idemq(log2);
+    cr_assert(wait_queue(H.queue, -1, 2), "both processes must be consuming before the burst");
+
+    char body[256];
+    int n =
+        event_json(body, sizeof body, "order_id:x0:PAY_SUCCESS", "m-x0", "x0", "PAY_SUCCESS", 4242);
+    const void *ptrs[COPIES];
+    size_t lens[COPIES];
+    for (int i = 0; i < COPIES; i++) {
+        ptrs[i] = body;
+        lens[i] = (size_t)n;
+    }
+    harness_publish_batch(&H, NULL, "application/json", ptrs, lens, COPIES);
+
+    cr_assert(harness_wait_scalar(&H, 1, DEADLINE_MS, "SELECT COUNT(*) FROM msg_dedup"));
+    /* Each of the 50 deliveries ends as processed or deduped, in one of the two logs. */
+    outcome_wait w = {{H.log_path, log2}, 2, 0, COPIES, 0};
+    cr_assert(harness_wait_for(outcomes_reached, &H, &w, DEADLINE_MS),
+              "only %ld of %d copies settled", w.last, COPIES);
+    cr_assert(wait_queue(H.queue, 0, -1));
+    cr_assert_eq(stop_idemq(a, SIGTERM), 0);
+    cr_assert_eq(stop_idemq(b, SIGTERM), 0);
+
+    long processed =
+        harness_log_count_in(H.log_path, OUT_PROCESSED) + harness_log_count_in(log2, OUT_PROCESSED);
+    long deduped =
+        harness_log_count_in(H.log_path, OUT_DEDUPED) + harness_log_count_in(log2, OUT_DEDUPED);
+    cr_expect_eq(processed, 1, "processed %ld times across both processes", processed);
+    cr_expect_eq(deduped, COPIES - 1, "deduped %ld times across both processes", deduped);
+    summary sa = last_summary(H.log_path), sb = last_summary(log2);
+    cr_expect_eq(sa.processed + sb.processed, 1);
+    cr_expect_eq(sa.deduped + sb.deduped, COPIES - 1);
+    cr_expect_eq(sa.state_noop + sb.state_noop, 0);
+    cr_expect_eq(sa.dead_lettered + sb.dead_lettered, 0);
+    /* Round-robin delivery to two consumers with free prefetch: both saw copies, so the
+     * duplicates really raced across processes, not only across one process's workers. */
+    cr_expect(sa.processed + sa.deduped > 0 && sb.processed + sb.deduped > 0,
+              "one process got no copy (a: %ld, b: %ld)", sa.processed + sa.deduped,
+              sb.processed + sb.deduped);
+
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), 1);
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE order_id = 'x0' AND "
+                                    "status = 'PAID' AND amount = 4242"),
+                 1);
+    cr_expect_eq(harness_queue_depth(&H, H.queue), 0);
+}
+
+/* ---- 3. kill -9 mid-run ---------------------------------------------------------------- */
+
+Test(core, kill_9_mid_run_then_restart_applies_each_message_once, .timeout = 300)
+{
+    enum { MESSAGES = 5000, KILL_AT = 1000, MAX_KILLS = 3 };
+    setup("kill9", NULL);
+    harness_insert_orders(&H, "k", MESSAGES, "PAYING");
+    harness_declare_topology(&H);
+
+    char *bodies = malloc((size_t)MESSAGES * 160);
+    const void **ptrs = calloc(MESSAGES, sizeof *ptrs);
+    size_t *lens = calloc(MESSAGES, sizeof *lens);
+    cr_assert(bodies && ptrs && lens);
+    for (int i = 0; i < MESSAGES; i++) {
+        char *b = bodies + (size_t)i * 160;
+        char order_id[16], biz_key[64], message_id[64];
+        snprintf(order_id, sizeof order_id, "k%d", i);
+        snprintf(biz_key, sizeof biz_key, "order_id:k%d:PAY_SUCCESS", i);
+        snprintf(message_id, sizeof message_id, "m-k%d", i);
+        lens[i] = (size_t)event_json(b, 160, biz_key, message_id, order_id, "PAY_SUCCESS", i + 1L);
+        ptrs[i] = b;
+    }
+    harness_publish_batch(&H, NULL, "application/json", ptrs, lens, MESSAGES);
+    free(bodies);
+    free(ptrs);
+    free(lens);
+    cr_assert(wait_queue(H.queue, MESSAGES, 0));
+
+    /* Kill -9 once >= KILL_AT more rows are committed. A kill leaves committed-but-unacked
+     * messages (the case the dedup row exists for) only when it lands between a COMMIT the
+     * server received and the ack reaching the broker; measured, ~1 kill in 12 lands outside
+     * that window. So kill again, up to MAX_KILLS times, until one has left some: the chance
+     * that none does is below 1e-3, and every kill is checked the same way. */
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '%s' AND "
+             "ID <> CONNECTION_ID()",
+             H.database);
+    long long committed = 0, acked = 0, committed_unacked = 0;
+    long ready = MESSAGES;
+    int kills = 0;
+    while (kills < MAX_KILLS) {
+        long long threshold = committed + KILL_AT;
+        pid_t victim = harness_spawn(&H);
+        track(victim);
+        at_least_wait w = {"SELECT COUNT(*) FROM msg_dedup", threshold, 0};
+        cr_assert(harness_wait_for(scalar_at_least, &H, &w, DEADLINE_MS),
+                  "only %lld rows committed", w.last);
+        cr_assert_eq(stop_idemq(victim, SIGKILL), 128 + SIGKILL);
+        kills++;
+
+        /* Let the server finish what the dead process had sent (a COMMIT already received
+         * still commits; an open transaction rolls back): wait until its connections are gone. */
+        cr_assert(harness_wait_scalar(&H, 0, DEADLINE_MS, sql));
+        committed = harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup");
+        cr_assert(committed >= threshold && committed < MESSAGES,
+                  "kill %d was not mid-run: %lld of %d committed", kills, committed, MESSAGES);
+        cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"),
+                     committed, "dedup rows and business updates committed together");
+
+        /* The broker requeues the dead consumer's unacked deliveries with its channel. */
+        cr_assert(wait_queue(H.queue, -1, 0));
+        ready = harness_queue_depth(&H, H.queue);
+        acked = MESSAGES - ready;
+        cr_assert(committed >= acked,
+                  "more messages acked (%lld) than committed (%lld): an ack preceded its commit",
+                  acked, committed);
+        committed_unacked = committed - acked;
+        cr_log_info("kill -9 #%d after %lld commits: %lld acked, %lld committed but unacked", kills,
+                    committed, acked, committed_unacked);
+        if (committed_unacked > 0)
+            break;
+    }
+    long processed_before = lines_with(H.log_path, OUT_PROCESSED, NULL);
+    long deduped_before = lines_with(H.log_path, OUT_DEDUPED, NULL);
+
+    pid_t pid = start_idemq(NULL);
+    cr_assert(harness_wait_scalar(&H, MESSAGES, DEADLINE_MS, "SELECT COUNT(*) FROM msg_dedup"));
+    /* Every redelivered or never-delivered message ends with exactly one outcome line. */
+    outcome_wait ow = {{H.log_path, NULL}, 1, processed_before + deduped_before, ready, 0};
+    cr_assert(harness_wait_for(outcomes_reached, &H, &ow, DEADLINE_MS),
+              "only %ld of %ld requeued messages settled after the restart", ow.last, ready);
+    cr_assert(wait_queue(H.queue, 0, -1));
+    cr_assert_eq(stop_idemq(pid, SIGTERM), 0, "idemq did not exit 0 on SIGTERM");
+
+    /* Nothing left unacked: after a clean stop, the queue is empty. */
+    long messages = -1, consumers = -1;
+    cr_assert(harness_queue_info(&H, H.queue, &messages, &consumers));
+    cr_expect_eq(messages, 0, "%ld message(s) left in the work queue", messages);
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), MESSAGES);
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE status = 'PAID' AND "
+                                    "amount = CAST(SUBSTRING(order_id, 2) AS UNSIGNED) + 1"),
+                 MESSAGES);
+
+    /* The final run got `ready` messages: the committed-but-unacked ones come back deduped,
+     * the rest are processed — exactly. */
+    long processed_after = lines_with(H.log_path, OUT_PROCESSED, NULL) - processed_before;
+    long deduped_after = lines_with(H.log_path, OUT_DEDUPED, NULL) - deduped_before;
+    cr_expect_eq(processed_after, MESSAGES - committed, "after the restart: processed %ld",
+                 processed_after);
+    cr_expect_eq(deduped_after, committed_unacked,
+                 "every committed-but-unacked message comes back as deduped (got %ld, want %lld)",
+                 deduped_after, committed_unacked);
+    summary s = last_summary(H.log_path);
+    cr_expect_eq(s.processed, MESSAGES - committed);
+    cr_expect_eq(s.deduped, committed_unacked);
+    cr_expect_eq(s.dead_lettered, 0);
+    cr_expect(committed_unacked >= 1,
+              "none of %d kills left a committed-but-unacked message to redeliver", kills);
+}
+
+/* ---- 4. state machine -------------------------------------------------------------------- */
+
+Test(core, state_machine_against_the_database, .timeout = 120)
+{
+    setup("state_machine", NULL);
+    harness_sql(&H, "INSERT INTO orders VALUES ('a', 'PAYING', NULL), ('b', 'PAID', 500), "
+                    "('c', 'PAYING', NULL)");
+    pid_t pid = start_idemq(NULL);
+    char dlq[160];
+    dlq_name(dlq, sizeof dlq);
+
+    /* Repeat transition with a new biz_key: the row is already at the target → state_noop,
+     * committed (its dedup row exists), row unchanged. */
+    publish_json("order_id:a:PAY_SUCCESS", "a", "PAY_SUCCESS", 100);
+    cr_assert(wait_log(H.log_path, "\"biz_key\":\"order_id:a:PAY_SUCCESS\"", OUT_PROCESSED, 1));
+    publish_json("order_id:a:PAY_SUCCESS:again", "a", "PAY_SUCCESS", 999);
+    cr_assert(
+        wait_log(H.log_path, "\"biz_key\":\"order_id:a:PAY_SUCCESS:again\"", OUT_STATE_NOOP, 1));
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE order_id = 'a' AND "
+                                    "status = 'PAID' AND amount = 100"),
+                 1, "state_noop must not touch the row");
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key = "
+                                    "'order_id:a:PAY_SUCCESS:again'"),
+                 1, "a state_noop commits its dedup row");
+
+    /* PAID → REFUND_SUCCESS skips REFUNDING: illegal → DLQ now, and the dedup row rolls back. */
+    char body[512];
+    int n = event_json(body, sizeof body, "order_id:b:REFUND_SUCCESS", "m-b-refund", "b",
+                       "REFUND_SUCCESS", 1);
+    harness_publish(&H, NULL, "application/json", body, (size_t)n, NULL);
+    cr_assert(wait_queue(dlq, 1, -1), "the illegal transition did not reach %s", dlq);
+    amqp_message_t m;
+    cr_assert(harness_get(&H, dlq, &m));
+    char text[1200];
+    cr_expect_str_eq(header_text(&m.properties, "idemq-error-class", text, sizeof text),
+                     "non_retryable");
+    header_text(&m.properties, "idemq-error", text, sizeof text);
+    cr_expect(strstr(text, "illegal transition") && strstr(text, "REFUND_SUCCESS") &&
+                  strstr(text, "PAID"),
+              "idemq-error: %s", text);
+    cr_expect_eq(m.body.len, (size_t)n);
+    cr_expect(m.body.len == (size_t)n && memcmp(m.body.bytes, body, (size_t)n) == 0,
+              "DLQ body differs from the published one");
+    amqp_destroy_message(&m);
+    cr_expect(
+        wait_log(H.log_path, "\"biz_key\":\"order_id:b:REFUND_SUCCESS\"", OUT_DEAD_LETTERED, 1));
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE order_id = 'b' AND "
+                                    "status = 'PAID' AND amount = 500"),
+                 1, "an illegal transition must not touch the row");
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key = "
+                                    "'order_id:b:REFUND_SUCCESS'"),
+                 0, "the dedup row of a dead-lettered message must roll back");
+
+    /* The full legal path, one step at a time (workers do not order events of one key). */
+    publish_json("order_id:c:PAY_SUCCESS", "c", "PAY_SUCCESS", 300);
+    cr_assert(harness_wait_scalar(&H, 1, DEADLINE_MS,
+                                  "SELECT COUNT(*) FROM orders WHERE order_id = 'c' AND "
+                                  "status = 'PAID' AND amount = 300"));
+    publish_json("order_id:c:REFUND_START", "c", "REFUND_START", -1);
+    cr_assert(harness_wait_scalar(&H, 1, DEADLINE_MS,
+                                  "SELECT COUNT(*) FROM orders WHERE order_id = 'c' AND "
+                                  "status = 'REFUNDING'"));
+    publish_json("order_id:c:REFUND_SUCCESS", "c", "REFUND_SUCCESS", -1);
+    cr_assert(harness_wait_scalar(&H, 1, DEADLINE_MS,
+                                  "SELECT COUNT(*) FROM orders WHERE order_id = 'c' AND "
+                                  "status = 'REFUNDED'"));
+    cr_expect_eq(harness_scalar(&H, "SELECT amount FROM orders WHERE order_id = 'c'"), 300,
+                 "events without amount keep the column");
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key LIKE "
+                                    "'order_id:c:%%'"),
+                 3);
+
+    cr_assert(wait_queue(H.queue, 0, -1));
+    cr_assert_eq(stop_idemq(pid, SIGTERM), 0);
+    summary s = last_summary(H.log_path);
+    cr_expect_eq(s.processed, 4);
+    cr_expect_eq(s.state_noop, 1);
+    cr_expect_eq(s.dead_lettered, 1);
+    cr_expect_eq(s.deduped, 0);
+    cr_expect_eq(s.retried, 0);
+    cr_expect_eq(harness_queue_depth(&H, dlq), 0);
+}
+
+/* ---- 5. bad input ------------------------------------------------------------------------ */
+
+typedef struct bad_case {
+    const char *id;
+    const char *content_type;
+    char *body;
+    size_t len;
+    const char *reason[2]; /* substrings the idemq-error header must contain */
+    bool seen;
+} bad_case;
+
+static void publish_with_headers(const bad_case *c)
+{
+    amqp_table_entry_t entries[2];
+    entries[0].key = amqp_cstring_bytes("test-id");
+    entries[0].value.kind = AMQP_FIELD_KIND_UTF8;
+    entries[0].value.value.bytes = amqp_cstring_bytes(c->id);
+    entries[1].key = amqp_cstring_bytes("test-tag");
+    entries[1].value.kind = AMQP_FIELD_KIND_UTF8;
+    entries[1].value.value.bytes = amqp_cstring_bytes("keep-me");
+    amqp_table_t headers = {.num_entries = 2, .entries = entries};
+    harness_publish(&H, NULL, c->content_type, c->body, c->len, &headers);
+}
+
+Test(core, bad_input_is_dead_lettered_untouched_and_never_stalls_the_queue, .timeout = 120)
+{
+    enum { GOOD = 6, BIG = 2 * 1024 * 1024 };
+    /* One worker, prefetch 1: a bad message that were not settled would block everything. */
+    harness_options opts = {.workers = 1, .prefetch = 1};
+    setup("bad_input", &opts);
+    harness_insert_orders(&H, "g", GOOD, "PAYING");
+    pid_t pid = start_idemq(NULL);
+
+    bad_case cases[5] = {
+        {"malformed", "application/json", NULL, 0, {"(syntax)", "JSON"}, false},
+        {"no-biz-key",
+         "application/json",
+         NULL,
+         0,
+         {"(biz_key_missing)", "biz_key is missing"},
+         false},
+        {"long-biz-key",
+         "application/json",
+         NULL,
+         0,
+         {"(biz_key_too_long)", "biz_key is 300 bytes"},
+         false},
+        {"two-mib", "application/json", NULL, 0, {"(too_large)", "body is 2097152 bytes"}, false},
+        {"msgpack-bin", "application/msgpack", NULL, 0, {"(unsupported)", "bin"}, false},
+    };
+    cases[0].body = strdup("{\"biz_key\":\"bad-1\",\"order_id\":\"g0\",\"event_type\":");
+    cases[0].len = strlen(cases[0].body);
+    cases[1].body = strdup("{\"order_id\":\"g1\",\"event_type\":\"PAY_SUCCESS\",\"amount\":1}");
+    cases[1].len = strlen(cases[1].body);
+    char long_key[301];
+    memset(long_key, 'k', 300);
+    long_key[300] = '\0';
+    cases[2].body = malloc(512);
+    cases[2].len =
+        (size_t)event_json(cases[2].body, 512, long_key, "m-long", "g2", "PAY_SUCCESS", 1);
+    /* A well-formed envelope whose only fault is its size. */
+    cases[3].body = malloc(BIG);
+    int head = snprintf(cases[3].body, BIG,
+                        "{\"biz_key\":\"big-1\",\"order_id\":\"g3\",\"event_type\":"
+                        "\"PAY_SUCCESS\",\"pad\":\"");
+    memset(cases[3].body + head, 'p', BIG - (size_t)head - 2);
+    memcpy(cases[3].body + BIG - 2, "\"}", 2);
+    cases[3].len = BIG;
+    msgpack_sbuffer sbuf;
+    msgpack_sbuffer_init(&sbuf);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sbuf, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 4);
+    pack_str(&pk, "biz_key");
+    pack_str(&pk, "order_id:g4:PAY_SUCCESS:bin");
+    pack_str(&pk, "order_id");
+    pack_str(&pk, "g4");
+    pack_str(&pk, "event_type");
+    pack_str(&pk, "PAY_SUCCESS");
+    pack_str(&pk, "blob");
+    msgpack_pack_bin(&pk, 3);
+    msgpack_pack_bin_body(&pk, "\x01\x02\x03", 3);
+    cases[4].body = malloc(sbuf.size);
+    memcpy(cases[4].body, sbuf.data, sbuf.size);
+    cases[4].len = sbuf.size;
+    msgpack_sbuffer_destroy(&sbuf);
+
+    /* good, bad, good, bad, …, good */
+    for (int i = 0; i < GOOD; i++) {
+        char order_id[16], biz_key[64];
+        snprintf(order_id, sizeof order_id, "g%d", i);
+        snprintf(biz_key, sizeof biz_key, "order_id:g%d:PAY_SUCCESS", i);
+        publish_json(biz_key, order_id, "PAY_SUCCESS", 50 + i);
+        if (i < 5)
+            publish_with_headers(&cases[i]);
+    }
+
+    cr_assert(harness_wait_scalar(&H, GOOD, DEADLINE_MS,
+                                  "SELECT COUNT(*) FROM orders WHERE status = 'PAID' AND "
+                                  "amount = CAST(SUBSTRING(order_id, 2) AS UNSIGNED) + 50"),
+              "good messages after bad ones were not all processed");
+    char dlq[160];
+    dlq_name(dlq, sizeof dlq);
+    cr_assert(wait_queue(dlq, 5, -1), "not every bad message reached %s", dlq);
+    cr_assert(wait_queue(H.queue, 0, -1));
+
+    for (int k = 0; k < 5; k++) {
+        amqp_message_t m;
+        cr_assert(harness_get(&H, dlq, &m), "DLQ message %d missing", k);
+        char id[64], text[1200];
+        header_text(&m.properties, "test-id", id, sizeof id);
+        bad_case *c = NULL;
+        for (int i = 0; i < 5; i++)
+            if (strcmp(cases[i].id, id) == 0)
+                c = &cases[i];
+        cr_assert(c, "DLQ message without a known test-id header ('%s')", id);
+        cr_expect(!c->seen, "%s dead-lettered twice", id);
+        c->seen = true;
+        cr_expect(m.body.len == c->len && memcmp(m.body.bytes, c->body, c->len) == 0,
+                  "%s: DLQ body (%zu bytes) is not the published body (%zu bytes)", id, m.body.len,
+                  c->len);
+        cr_expect((m.properties._flags & AMQP_BASIC_CONTENT_TYPE_FLAG) &&
+                      bytes_equal(m.properties.content_type, c->content_type),
+                  "%s: content_type not preserved", id);
+        cr_expect_str_eq(header_text(&m.properties, "test-tag", text, sizeof text), "keep-me",
+                         "%s: custom header not preserved", id);
+        cr_expect_str_eq(header_text(&m.properties, "idemq-error-class", text, sizeof text),
+                         "non_retryable", "%s: class", id);
+        cr_expect_str_eq(header_text(&m.properties, "idemq-queue", text, sizeof text), H.queue);
+        int64_t retries = -1;
+        cr_expect(header_int(&m.properties, "idemq-retries", &retries) && retries == 0,
+                  "%s: idemq-retries %" PRId64, id, retries);
+        header_text(&m.properties, "idemq-error", text, sizeof text);
+        cr_expect(strstr(text, c->reason[0]) && strstr(text, c->reason[1]),
+                  "%s: idemq-error '%s' does not name the problem ('%s', '%s')", id, text,
+                  c->reason[0], c->reason[1]);
+        amqp_destroy_message(&m);
+    }
+    for (int i = 0; i < 5; i++)
+        free(cases[i].body);
+
+    cr_assert_eq(stop_idemq(pid, SIGTERM), 0);
+    summary s = last_summary(H.log_path);
+    cr_expect_eq(s.processed, GOOD);
+    cr_expect_eq(s.dead_lettered, 5);
+    cr_expect_eq(s.requeued, 0);
+    cr_expect_eq(lines_with(H.log_path, OUT_DEAD_LETTERED, "invalid envelope"), 5);
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), GOOD,
+                 "a bad body must never reach the dedup table");
+    cr_expect_eq(harness_queue_depth(&H, dlq), 0);
+}
+
+/* ---- 6. MessagePack ---------------------------------------------------------------------- */
+
+static void publish_msgpack(const char *content_type, const char *biz_key, const char *order_id,
+                            long amount)
+{
+    msgpack_sbuffer sbuf;
+    msgpack_sbuffer_init(&sbuf);
+    event_msgpack(&sbuf, biz_key, order_id, "PAY_SUCCESS", amount);
+    cr_assert((unsigned char)sbuf.data[0] == 0x85, "expected a fixmap of 5");
+    harness_publish(&H, NULL, content_type, sbuf.data, sbuf.size, NULL);
+    msgpack_sbuffer_destroy(&sbuf);
+}
+
+Test(core, msgpack_events_are_processed_like_json, .timeout = 120)
+{
+    setup("msgpack", NULL);
+    harness_insert_orders(&H, "m", 3, "PAYING");
+    harness_insert_orders(&H, "j", 1, "PAYING");
+    pid_t pid = start_idemq(NULL);
+
+    publish_msgpack("application/msgpack", "order_id:m0:PAY_SUCCESS", "m0", 70000);
+    publish_msgpack(NULL, "order_id:m1:PAY_SUCCESS", "m1", 71); /* sniffed */
+    publish_msgpack("application/x-msgpack", "order_id:m2:PAY_SUCCESS", "m2", 72);
+    publish_json("order_id:j0:PAY_SUCCESS", "j0", "PAY_SUCCESS", 80);
+    cr_assert(harness_wait_scalar(&H, 4, DEADLINE_MS, "SELECT COUNT(*) FROM msg_dedup"));
+    cr_assert(wait_log(H.log_path, OUT_PROCESSED, NULL, 4));
+
+    /* The same biz_key in the other encoding is the same event. */
+    publish_json("order_id:m0:PAY_SUCCESS", "m0", "PAY_SUCCESS", 70000);
+    publish_msgpack("application/msgpack", "order_id:j0:PAY_SUCCESS", "j0", 80);
+    cr_assert(wait_log(H.log_path, OUT_DEDUPED, NULL, 2));
+    cr_assert(wait_queue(H.queue, 0, -1));
+    cr_assert_eq(stop_idemq(pid, SIGTERM), 0);
+
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), 4);
+    cr_expect_eq(harness_scalar(&H, "SELECT amount FROM orders WHERE order_id = 'm0'"), 70000);
+    cr_expect_eq(harness_scalar(&H, "SELECT amount FROM orders WHERE order_id = 'm1'"), 71);
+    cr_expect_eq(harness_scalar(&H, "SELECT amount FROM orders WHERE order_id = 'm2'"), 72);
+    cr_expect_eq(harness_scalar(&H, "SELECT amount FROM orders WHERE order_id = 'j0'"), 80);
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key IN "
+                                    "('order_id:m0:PAY_SUCCESS', 'order_id:m1:PAY_SUCCESS', "
+                                    "'order_id:m2:PAY_SUCCESS', 'order_id:j0:PAY_SUCCESS')"),
+                 4);
+    cr_expect_eq(
+        lines_with(H.log_path, "\"message_id\":\"order_id:m1:PAY_SUCCESS\"", OUT_PROCESSED), 1,
+        "the msgpack message_id is logged");
+    summary s = last_summary(H.log_path);
+    cr_expect_eq(s.processed, 4);
+    cr_expect_eq(s.deduped, 2);
+    cr_expect_eq(s.dead_lettered, 0);
+}
+
+/* ---- 7. config errors ------------------------------------------------------------------- */
+
+Test(core, config_with_five_mistakes_exits_2_and_connects_nowhere, .timeout = 60)
+{
+    /* A listener stands in for both servers: any connection attempt would be queued on it. */
+    int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    cr_assert(listener >= 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t addr_len = sizeof addr;
+    cr_assert(bind(listener, (struct sockaddr *)&addr, sizeof addr) == 0);
+    cr_assert(listen(listener, 16) == 0);
+    cr_assert(getsockname(listener, (struct sockaddr *)&addr, &addr_len) == 0);
+    int port = ntohs(addr.sin_port);
+    unsetenv("IDEMQ_AMQP_URL");
+    unsetenv("IDEMQ_MYSQL_URL");
+    unsetenv("IDEMQ_CONFIG");
+
+    harness h = {0};
+    snprintf(h.dir, sizeof h.dir, "/tmp/idemq-test-XXXXXX");
+    cr_assert(mkdtemp(h.dir));
+    char path[400];
+    snprintf(path, sizeof path, "%s/bad.yaml", h.dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f,
+            "amqp:\n"                                              /* 1 */
+            "  url: \"amqp://guest:guest@127.0.0.1:%d/%%2f\"\n"    /* 2 */
+            "  prefech: 64\n"                                      /* 3 */
+            "mysql:\n"                                             /* 4 */
+            "  url: \"mysql://root:hunter2@127.0.0.1:%d/idemq\"\n" /* 5 */
+            "  workers: 0\n"                                       /* 6 */
+            "log:\n"                                               /* 7 */
+            "  level: verbose\n"                                   /* 8 */
+            "shutdown_timeout: 25x\n"                              /* 9 */
+            "consumers:\n"                                         /* 10 */
+            "  - queue: payments\n"                                /* 11 */
+            "    handler_name: pay-callback\n"                     /* 12 */
+            "    handler:\n"                                       /* 13 */
+            "      type: state_machine\n"                          /* 14 */
+            "      table: \"orders; DROP TABLE x\"\n"              /* 15 */
+            "      key_column: order_id\n"                         /* 16 */
+            "      key_field: order_id\n"                          /* 17 */
+            "      state_column: status\n"                         /* 18 */
+            "      event_field: event_type\n"                      /* 19 */
+            "      transitions:\n"                                 /* 20 */
+            "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n",   /* 21 */
+            port, port);
+    fclose(f);
+
+    static const struct {
+        unsigned line;
+        const char *text;
+    } expected[] = {
+        {3, "unknown key 'amqp.prefech'"},
+        {6, "mysql.workers: must be between 1 and 256, got 0"},
+        {8, "log.level: 'verbose' is not one of"},
+        {9, "shutdown_timeout: '25x' is not a valid duration"},
+        {15, "consumers[0].handler.table: 'orders; DROP TABLE x' is not a valid SQL identifier"},
+    };
+    const char *commands[] = {"check", "run"};
+    for (int c = 0; c < 2; c++) {
+        char *out = NULL;
+        const char *args[] = {commands[c], "-c", path, NULL};
+        int rc = harness_run_cli(&h, &out, args);
+        cr_expect_eq(rc, 2, "idemq %s exited %d:\n%s", commands[c], rc, out);
+        for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++) {
+            char needle[512];
+            snprintf(needle, sizeof needle, "%s:%u: %s", path, expected[i].line, expected[i].text);
+            cr_expect(strstr(out, needle), "idemq %s: missing '%s' in:\n%s", commands[c], needle,
+                      out);
+        }
+        cr_expect_null(strstr(out, "hunter2"), "idemq %s printed the password:\n%s", commands[c],
+                       out);
+        cr_expect_null(strstr(out, READY_LINE), "idemq %s started consuming:\n%s", commands[c],
+                       out);
+        free(out);
+        int conn = accept(listener, NULL, NULL);
+        cr_expect(conn < 0 && (errno == EAGAIN || errno == EWOULDBLOCK),
+                  "idemq %s connected to a server with an invalid config", commands[c]);
+        if (conn >= 0)
+            close(conn);
+    }
+    close(listener);
+    unlink(path);
+    char cli_out[400];
+    snprintf(cli_out, sizeof cli_out, "%s/cli.out", h.dir);
+    unlink(cli_out);
+    rmdir(h.dir);
+}
+
+/* ---- 8. the business update fails: nothing commits, nothing is swallowed ---------------- */
+
+Test(core, failed_business_update_rolls_back_the_dedup_row, .timeout = 120)
+{
+    harness_options opts = {.retry_set = true, .max_retries = 6, .base = "200ms", .jitter = "50ms"};
+    setup("rollback", &opts);
+    cr_assert_eq(harness_scalar(&H, "SELECT @@GLOBAL.sql_mode LIKE '%%STRICT_TRANS_TABLES%%'"), 1,
+                 "this test needs a strict sql_mode (the MariaDB default) so that an out-of-range "
+                 "value is an error, not a warning");
+    /* r*: amount too small for the column (strict mode: 1264 out of range → non-retryable).
+     * t0: a trigger refuses the update while failctl.fail = 1 (SIGNAL 45000 → retryable). */
+    harness_sql(&H, "ALTER TABLE orders MODIFY amount TINYINT NULL");
+    harness_sql(&H, "CREATE TABLE failctl (fail INT NOT NULL)");
+    harness_sql(&H, "INSERT INTO failctl VALUES (1)");
+    harness_sql(&H, "CREATE TRIGGER refuse_t0 BEFORE UPDATE ON orders FOR EACH ROW "
+                    "BEGIN "
+                    "  IF NEW.order_id = 't0' AND (SELECT fail FROM failctl) = 1 THEN "
+                    "    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'test trigger refuses t0'; "
+                    "  END IF; "
+                    "END");
+    harness_sql(&H, "INSERT INTO orders VALUES ('r0', 'PAYING', NULL), ('r1', 'PAYING', NULL), "
+                    "('t0', 'PAYING', NULL)");
+    pid_t pid = start_idemq(NULL);
+    char dlq[160];
+    dlq_name(dlq, sizeof dlq);
+
+    /* Non-retryable failure of the business step: dead-lettered, no dedup row, row untouched. */
+    publish_json("order_id:r0:PAY_SUCCESS", "r0", "PAY_SUCCESS", 1000);
+    publish_json("order_id:r1:PAY_SUCCESS", "r1", "PAY_SUCCESS", 100);
+    cr_assert(wait_queue(dlq, 1, -1));
+    amqp_message_t m;
+    cr_assert(harness_get(&H, dlq, &m));
+    char text[1200];
+    cr_expect_str_eq(header_text(&m.properties, "idemq-error-class", text, sizeof text),
+                     "non_retryable");
+    header_text(&m.properties, "idemq-error", text, sizeof text);
+    cr_expect(strstr(text, "1264") && strstr(text, "amount"), "idemq-error: %s", text);
+    cr_expect(body_contains(m.body, "\"order_id\":\"r0\""), "the dead letter is not r0's message");
+    amqp_destroy_message(&m);
+    cr_assert(harness_wait_scalar(&H, 1, DEADLINE_MS,
+                                  "SELECT COUNT(*) FROM orders WHERE order_id = 'r1' AND "
+                                  "status = 'PAID' AND amount = 100"));
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key = "
+                                    "'order_id:r0:PAY_SUCCESS'"),
+                 0, "the dedup row must roll back with the failed update");
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE order_id = 'r0' AND "
+                                    "status = 'PAYING' AND amount IS NULL"),
+                 1);
+
+    /* Retryable failure: while the trigger refuses, each attempt rolls back and leaves no dedup
+     * row; once it stops refusing, the retry is applied — not swallowed as a duplicate. */
+    publish_json("order_id:t0:PAY_SUCCESS", "t0", "PAY_SUCCESS", 42);
+    cr_assert(wait_log(H.log_path, "\"biz_key\":\"order_id:t0:PAY_SUCCESS\"", OUT_RETRIED, 1));
+    cr_expect_eq(lines_with(H.log_path, OUT_RETRIED, "test trigger refuses t0"),
+                 lines_with(H.log_path, OUT_RETRIED, NULL), "the retry reason is the trigger's");
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key = "
+                                    "'order_id:t0:PAY_SUCCESS'"),
+                 0, "a failed attempt left its dedup row behind");
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE order_id = 't0' AND "
+                                    "status = 'PAYING'"),
+                 1);
+    harness_sql(&H, "UPDATE failctl SET fail = 0");
+    cr_assert(harness_wait_scalar(&H, 1, DEADLINE_MS,
+                                  "SELECT COUNT(*) FROM orders WHERE order_id = 't0' AND "
+                                  "status = 'PAID' AND amount = 42"),
+              "the retry after the failure was not applied");
+    cr_assert(wait_log(H.log_path, "\"biz_key\":\"order_id:t0:PAY_SUCCESS\"", OUT_PROCESSED, 1));
+    cr_expect_eq(lines_with(H.log_path, "\"biz_key\":\"order_id:t0:PAY_SUCCESS\"", OUT_DEDUPED), 0);
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key = "
+                                    "'order_id:t0:PAY_SUCCESS'"),
+                 1);
+
+    cr_assert(wait_queue(H.queue, 0, -1));
+    cr_assert_eq(stop_idemq(pid, SIGTERM), 0);
+    summary s = last_summary(H.log_path);
+    cr_expect_eq(s.processed, 2);
+    cr_expect_eq(s.dead_lettered, 1);
+    cr_expect_eq(s.deduped, 0);
+    cr_expect(s.retried >= 1);
+    cr_expect_eq(harness_queue_depth(&H, dlq), 0);
+}
