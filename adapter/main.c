@@ -25,6 +25,7 @@ static void usage(FILE *out)
           "  dlq purge -c FILE [--queue Q] --yes\n"
           "  version                     print the version\n"
           "  help                        this text\n"
+          "  help config                 every configuration key (Markdown)\n"
           "\n"
           "The config file may also come from IDEMQ_CONFIG. IDEMQ_AMQP_URL and IDEMQ_MYSQL_URL\n"
           "override the URLs in the file.\n",
@@ -50,6 +51,10 @@ int main(int argc, char **argv)
     if (argc < 2)
         return usage_error("missing command");
     const char *command = argv[1];
+    if (strcmp(command, "help") == 0 && argc == 3 && strcmp(argv[2], "config") == 0) {
+        config_write_reference(stdout);
+        return 0;
+    }
     if (strcmp(command, "help") == 0 || strcmp(command, "--help") == 0 ||
         strcmp(command, "-h") == 0) {
         usage(stdout);

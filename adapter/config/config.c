@@ -2098,3 +2098,132 @@ void config_free(config *cfg)
     free(cfg->http_listen);
     free(cfg);
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Reference: the README's configuration table is generated from the option tables above, so
+ * the documentation cannot drift from what the loader accepts (a unit test compares them). */
+
+static void format_ms(uint64_t ms, char *buf, size_t len)
+{
+    static const struct {
+        uint64_t ms;
+        const char *unit;
+    } units[] = {{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}, {1, "ms"}};
+    if (ms == 0) {
+        snprintf(buf, len, "0");
+        return;
+    }
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (ms % units[i].ms == 0) {
+            snprintf(buf, len, "%llu%s", (unsigned long long)(ms / units[i].ms), units[i].unit);
+            return;
+        }
+}
+
+static void format_bytes(uint64_t bytes, char *buf, size_t len)
+{
+    if (bytes && bytes % (1u << 20) == 0)
+        snprintf(buf, len, "%lluMiB", (unsigned long long)(bytes >> 20));
+    else if (bytes && bytes % 1024 == 0)
+        snprintf(buf, len, "%lluKiB", (unsigned long long)(bytes >> 10));
+    else
+        snprintf(buf, len, "%llu", (unsigned long long)bytes);
+}
+
+static void describe_range(const opt *o, char *buf, size_t len)
+{
+    char lo[32], hi[32];
+    buf[0] = '\0';
+    switch (o->type) {
+    case OPT_UINT:
+        snprintf(buf, len, "%llu..%llu", (unsigned long long)o->min, (unsigned long long)o->max);
+        break;
+    case OPT_DURATION:
+        format_ms(o->min, lo, sizeof lo);
+        format_ms(o->max, hi, sizeof hi);
+        snprintf(buf, len, "%s..%s", lo, hi);
+        break;
+    case OPT_SIZE:
+        format_bytes(o->min, lo, sizeof lo);
+        format_bytes(o->max, hi, sizeof hi);
+        snprintf(buf, len, "%s..%s", lo, hi);
+        break;
+    case OPT_ENUM: {
+        size_t n = 0;
+        for (size_t i = 0; o->names[i] && n < len; i++)
+            n += (size_t)snprintf(buf + n, len - n, "%s`%s`", i ? ", " : "", o->names[i]);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static const char *reference_type(const opt *o)
+{
+    switch (o->type) {
+    case OPT_UINT: return "integer";
+    case OPT_DURATION: return "duration";
+    case OPT_SIZE: return "size";
+    case OPT_ENUM: return "enum";
+    case OPT_STRING: return "string";
+    case OPT_SECTION: return "map";
+    default: return "see help";
+    }
+}
+
+static void write_rows(FILE *out, const opt *table, const char *prefix);
+
+static void write_row(FILE *out, const opt *o, const char *path)
+{
+    char range[256];
+    describe_range(o, range, sizeof range);
+    const char *def = o->flags & OPT_REQUIRED ? "required" : o->def ? o->def : "";
+    fprintf(out, "| `%s` | %s | %s%s%s | %s | %s%s%s |\n", path, reference_type(o),
+            *def && !(o->flags & OPT_REQUIRED) ? "`" : "", def,
+            *def && !(o->flags & OPT_REQUIRED) ? "`" : "", range, o->help ? o->help : "",
+            o->env ? "; env " : "", o->env ? o->env : "");
+}
+
+static void write_rows(FILE *out, const opt *table, const char *prefix)
+{
+    char path[200];
+    for (const opt *o = table; o->name; o++) {
+        snprintf(path, sizeof path, "%s%s", prefix, o->name);
+        if (o->type == OPT_SECTION) {
+            char nested[300];
+            snprintf(nested, sizeof nested, "%s.", path);
+            write_rows(out, o->section, nested);
+            continue;
+        }
+        write_row(out, o, path);
+        char nested[300];
+        if (o->parse == parse_consumers) {
+            snprintf(nested, sizeof nested, "%s[].", path);
+            write_rows(out, consumer_table, nested);
+        } else if (o->parse == parse_transitions) {
+            snprintf(nested, sizeof nested, "%s.EVENT.", path);
+            write_rows(out, transition_table, nested);
+        } else if (o->parse == parse_statements) {
+            snprintf(nested, sizeof nested, "%s[].", path);
+            write_rows(out, statement_table, nested);
+        } else if (o->parse == parse_handler) {
+            for (size_t k = 0; k < sizeof handler_kinds / sizeof handler_kinds[0]; k++) {
+                snprintf(nested, sizeof nested, "%s.", path);
+                fprintf(out, "| *`type: %s`* | | | | |\n",
+                        handler_type_names[handler_kinds[k].type]);
+                for (const opt *h = handler_kinds[k].table; h->name; h++)
+                    if (strcmp(h->name, "type") != 0) {
+                        const opt one[2] = {*h, {0}};
+                        write_rows(out, one, nested);
+                    }
+            }
+        }
+    }
+}
+
+void config_write_reference(FILE *out)
+{
+    fprintf(out, "| key | type | default | range | meaning |\n|---|---|---|---|---|\n");
+    write_rows(out, top_table, "");
+}

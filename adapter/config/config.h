@@ -166,6 +166,10 @@ void config_redact_url(const char *url, char *buf, size_t buf_len);
  */
 int config_parse_duration(const char *text, uint64_t *out_ms);
 
+/* Writes the configuration reference (a Markdown table generated from the option tables) to
+ * out: the README embeds it and a unit test keeps the two identical. */
+void config_write_reference(FILE *out);
+
 /* Parses a size such as "1MiB", "512KiB", "1048576". Returns 0 or -1. */
 int config_parse_size(const char *text, size_t *out_bytes);
 
