@@ -136,6 +136,7 @@ static void restart_mid_run(const char *name, const char *stop_args, const char 
         services(start_args);
     /* The harness's own connection died with the broker. */
     harness_reconnect_amqp(&h, 60000);
+    harness_wait_quorum_ready(&h, 60000);
 
     cr_assert(harness_wait_scalar(&h, EVENTS, 180000, "SELECT COUNT(*) FROM msg_dedup"),
               "not every message was applied after the broker came back (log: %s)", h.log_path);

@@ -200,8 +200,9 @@ void harness_fini(harness *h)
         h->db = NULL;
     }
     mysql_library_end();
-    /* Reached only when the test passed: a failed test keeps its config and logs for reading. */
-    if (h->dir[0])
+    /* A failed cr_assert never gets here and keeps its files; IDEMQ_TEST_KEEP keeps them all
+     * (a failed cr_expect does get here). */
+    if (h->dir[0] && !getenv("IDEMQ_TEST_KEEP"))
         nftw(h->dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
 }
 
@@ -711,4 +712,31 @@ void harness_reconnect_amqp(harness *h, int timeout_ms)
         nanosleep(&pause, NULL);
     }
     cr_assert_fail("RabbitMQ did not come back within %d ms: %s", timeout_ms, err);
+}
+
+void harness_wait_quorum_ready(harness *h, int timeout_ms)
+{
+    /* After a broker restart, RabbitMQ accepts connections before its quorum-queue system can
+     * create queues (declarations fail with 541 for a while): wait for a real declaration. */
+    char name[96];
+    snprintf(name, sizeof name, "idemq.quorum-probe.%d", (int)getpid());
+    amqp_table_entry_t entry = {.key = amqp_cstring_bytes("x-queue-type"),
+                                .value = {.kind = AMQP_FIELD_KIND_UTF8,
+                                          .value.bytes = amqp_cstring_bytes("quorum")}};
+    amqp_table_t args = {.num_entries = 1, .entries = &entry};
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    for (;;) {
+        amqp_queue_declare(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, args);
+        amqp_rpc_reply_t reply = amqp_get_rpc_reply(h->amqp);
+        if (reply.reply_type == AMQP_RESPONSE_NORMAL) {
+            amqp_queue_delete(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 0);
+            amqp_get_rpc_reply(h->amqp);
+            return;
+        }
+        cr_assert(harness_now_ms() < deadline, "quorum queues still cannot be declared after %d ms",
+                  timeout_ms);
+        harness_reconnect_amqp(h, deadline - harness_now_ms());
+        struct timespec pause = {.tv_nsec = 250 * 1000000};
+        nanosleep(&pause, NULL);
+    }
 }

@@ -142,4 +142,8 @@ long harness_log_count_in(const char *log_path, const char *needle);
 /* Drops h->amqp and connects again (the broker was restarted), retrying for up to timeout_ms. */
 void harness_reconnect_amqp(harness *h, int timeout_ms);
 
+/* Waits until a quorum queue can be declared (the broker's quorum system is up after a
+ * restart); fails the test after timeout_ms. */
+void harness_wait_quorum_ready(harness *h, int timeout_ms);
+
 #endif
