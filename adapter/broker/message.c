@@ -174,7 +174,7 @@ static void set_int(amqp_table_entry_t *e, const char *key, int64_t value)
 int message_copy_properties(const broker_message *msg, const copy_headers *h, amqp_pool_t *pool,
                             amqp_basic_properties_t *out)
 {
-    enum { ADDED_HEADERS = 7 };
+    enum { ADDED_HEADERS = 8 };
     *out = msg->properties;
     const amqp_table_t *orig = &msg->properties.headers;
     int orig_count = (msg->properties._flags & AMQP_BASIC_HEADERS_FLAG) ? orig->num_entries : 0;
@@ -193,9 +193,18 @@ int message_copy_properties(const broker_message *msg, const copy_headers *h, am
     set_string(&entries[n++], HEADER_QUEUE, h->queue, strlen(h->queue));
     set_int(&entries[n++], HEADER_FIRST_FAILED_AT, h->first_failed_at_ms);
     set_int(&entries[n++], HEADER_PUBLISH_SEQ, (int64_t)h->publish_seq);
+    if (msg->properties._flags & AMQP_BASIC_USER_ID_FLAG) {
+        entries[n].key = amqp_cstring_bytes(HEADER_ORIGINAL_USER_ID);
+        entries[n].value.kind = AMQP_FIELD_KIND_UTF8;
+        entries[n].value.value.bytes = msg->properties.user_id;
+        n++;
+    }
     out->headers.entries = entries;
     out->headers.num_entries = n;
     out->_flags |= AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
+    /* RabbitMQ checks user_id against the publishing login: the producer's value on idemq's copy
+     * would close the channel (406) and loop the message forever. It travels as a header. */
+    out->_flags &= ~AMQP_BASIC_USER_ID_FLAG;
     out->delivery_mode = AMQP_DELIVERY_PERSISTENT;
     if (h->expiration) {
         out->expiration = amqp_cstring_bytes(h->expiration);
@@ -211,6 +220,8 @@ int message_strip_properties(const amqp_basic_properties_t *props, amqp_pool_t *
                              amqp_basic_properties_t *out)
 {
     *out = *props;
+    /* A replay is published by idemq's login; see message_copy_properties. */
+    out->_flags &= ~AMQP_BASIC_USER_ID_FLAG;
     if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG))
         return 0;
     int count = props->headers.num_entries;

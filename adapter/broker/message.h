@@ -21,6 +21,9 @@
 #define HEADER_FIRST_FAILED_AT "idemq-first-failed-at"
 /* Identifies a copy in a basic.return, so an unroutable publish fails only its own original. */
 #define HEADER_PUBLISH_SEQ "idemq-publish-seq"
+/* The producer's user_id property, which a copy cannot carry (the broker checks it against
+ * idemq's login). */
+#define HEADER_ORIGINAL_USER_ID "idemq-original-user-id"
 #define HEADER_ERROR_MAX 1024
 
 typedef struct broker_message {
@@ -60,7 +63,8 @@ typedef struct copy_headers {
 
 /*
  * Fills out with the original properties plus the copy headers. Broker-added x-death /
- * x-first-death-* / x-last-death-* and old idemq-* headers are dropped; the copy is persistent.
+ * x-first-death-* / x-last-death-* and old idemq-* headers are dropped; the copy is persistent;
+ * user_id moves to the idemq-original-user-id header.
  * Allocations come from pool (borrowed, caller releases). Returns 0 or -1 (out of memory).
  */
 int message_copy_properties(const broker_message *msg, const copy_headers *headers,

@@ -509,6 +509,8 @@ int broker_publish_copy(broker_session *s, const broker_message *msg, const char
         s->confirm_head = pc;
     s->confirm_tail = pc;
     s->unconfirmed++;
+    /* rabbitmq-c may read frames while sending (an overdue heartbeat): serve them now. */
+    drain(s);
     return 0;
 }
 

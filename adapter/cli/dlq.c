@@ -227,7 +227,9 @@ int cli_dlq(const config *cfg, const dlq_options *opts)
     size_t seen = 0, replayed = 0, failed = 0;
     uint64_t publish_seq = 0;
     json_t *listing = json_array();
-    while (!opts->limit || (opts->action == DLQ_LIST ? seen : replayed) < opts->limit) {
+    size_t snapshot = 1; /* messages in the DLQ at the first basic.get-ok */
+    while ((!opts->limit || (opts->action == DLQ_LIST ? seen : replayed) < opts->limit) &&
+           seen < snapshot) {
         amqp_rpc_reply_t reply = amqp_basic_get(conn, BROKER_CHANNEL, amqp_cstring_bytes(dlq), 0);
         if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
             fprintf(stderr, "idemq dlq: reading %s failed: %s\n", dlq,
@@ -237,7 +239,12 @@ int cli_dlq(const config *cfg, const dlq_options *opts)
         }
         if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
             break;
-        uint64_t tag = ((amqp_basic_get_ok_t *)reply.reply.decoded)->delivery_tag;
+        const amqp_basic_get_ok_t *got = reply.reply.decoded;
+        uint64_t tag = got->delivery_tag;
+        /* Visit only what was there when we started: a replayed message that fails again is
+         * dead-lettered behind us, and chasing it would never end. */
+        if (seen == 0)
+            snapshot = (size_t)got->message_count + 1;
         amqp_message_t m;
         reply = amqp_read_message(conn, BROKER_CHANNEL, &m, 0);
         if (reply.reply_type != AMQP_RESPONSE_NORMAL) {

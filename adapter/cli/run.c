@@ -155,7 +155,8 @@ static void pause_consuming(runner *r, const char *reason)
     r->paused = true;
     log_error(LOG_NO_CONTEXT, "database unavailable, pausing consumption: %s", reason);
     broker_set_consuming(r->broker, false);
-    r->probe_attempt = 0;
+    /* probe_attempt is not reset here: an outage that flaps keeps its backoff; a message that
+     * commits resets it (finish). */
     start_probe(r);
 }
 
@@ -197,6 +198,7 @@ static void finish(inflight *f, apply_status status)
     log_context ctx = context_of(f, outcome_label_name(f->out.label));
     switch (f->out.action) {
     case OUTCOME_ACK:
+        r->probe_attempt = 0;
         if (f->retries > 0 && f->out.label == OUTCOME_PROCESSED)
             log_info(&ctx, "processed after %u retries", f->retries);
         else
@@ -217,9 +219,10 @@ static void finish(inflight *f, apply_status status)
         return;
     case OUTCOME_REQUEUE:
         log_warn(&ctx, "requeued: %s", f->job.error);
+        /* Cancel first, so the broker does not hand the message straight back to us. */
+        pause_consuming(r, f->job.error);
         broker_requeue(r->broker, f->msg);
         count(f, OUTCOME_REQUEUED);
-        pause_consuming(r, f->job.error);
         release(f);
         return;
     }
@@ -404,11 +407,26 @@ static void close_everything(runner *r)
 static void on_shutdown_timeout(uv_timer_t *timer)
 {
     runner *r = timer->data;
+    /* Not a graceful close: joining the workers could wait for every queued transaction, and
+     * results routed now could be confirmed after we stop listening. Exiting leaves everything
+     * unacked, which the broker redelivers and the dedup rows settle. */
     log_warn(LOG_NO_CONTEXT,
-             "shutdown timeout: %zu message(s) still in flight; the broker will redeliver them",
+             "shutdown timeout: %zu message(s) still in flight; exiting, the broker redelivers them",
              r->inflight);
-    if (!r->closed)
-        close_everything(r);
+    fflush(stderr);
+    _exit(1);
+}
+
+/* Installed at the first signal: a second one must work even while the loop is busy. */
+static void exit_on_second_signal(int signum)
+{
+    static const char line[] =
+        "{\"level\":\"warn\",\"msg\":\"second signal: exiting now; unacked messages are "
+        "redelivered\"}\n";
+    (void)signum;
+    ssize_t ignored = write(STDERR_FILENO, line, sizeof line - 1);
+    (void)ignored;
+    _exit(1);
 }
 
 static void on_signal(uv_signal_t *handle, int signum)
@@ -421,6 +439,12 @@ static void on_signal(uv_signal_t *handle, int signum)
     log_info(LOG_NO_CONTEXT, "signal %d: stopping consumption, finishing %zu in-flight message(s)",
              signum, r->inflight);
     r->stopping = true;
+    uv_signal_stop(&r->sigterm);
+    uv_signal_stop(&r->sigint);
+    struct sigaction second = {.sa_handler = exit_on_second_signal};
+    sigemptyset(&second.sa_mask);
+    sigaction(SIGTERM, &second, NULL);
+    sigaction(SIGINT, &second, NULL);
     uv_timer_stop(&r->probe_timer);
     uv_timer_stop(&r->health_timer);
     broker_set_consuming(r->broker, false);

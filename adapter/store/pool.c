@@ -58,7 +58,7 @@ struct store_pool {
     size_t pending;                       /* loop thread only */
     store_worker *workers;
     size_t worker_count;
-    size_t workers_started;
+    size_t workers_allocated;             /* handler_states allocated (may exceed started) */
 };
 
 static uint64_t now_ns(void)
@@ -90,6 +90,14 @@ static MYSQL *connect_dsn(const store_dsn *dsn, char *err, size_t err_len)
     }
     if (mysql_autocommit(db, 0) != 0) {
         snprintf(err, err_len, "cannot disable autocommit: %s", mysql_error(db));
+        mysql_close(db);
+        return NULL;
+    }
+    /* A row-lock wait must end as a retryable 1205 before the client's 30 s read timeout turns
+     * it into "connection lost" (an outage that pauses every consumer). */
+    if (mysql_query(db, "SET SESSION innodb_lock_wait_timeout = "
+                        "LEAST(@@innodb_lock_wait_timeout, 20)") != 0) {
+        snprintf(err, err_len, "cannot set innodb_lock_wait_timeout: %s", mysql_error(db));
         mysql_close(db);
         return NULL;
     }
@@ -197,6 +205,34 @@ static apply_status insert_dedup_row(store_worker *w, store_job *job, const char
     return APPLY_COMMITTED;
 }
 
+/*
+ * The outage probe: the server must answer and accept writes. A read-only server (after a
+ * failover, or --read-only) answers pings yet fails every transaction, and resuming on it would
+ * only pause again at once.
+ */
+static apply_status probe_writable(store_worker *w, store_job *job)
+{
+    if (mysql_query(w->db, "SELECT @@global.read_only") != 0) {
+        fail_with_db(w, job, "probe");
+        return APPLY_UNAVAILABLE;
+    }
+    MYSQL_RES *res = mysql_store_result(w->db);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+    bool read_only = row && row[0] && strcmp(row[0], "0") != 0;
+    if (res)
+        mysql_free_result(res);
+    mysql_rollback(w->db); /* ends the read's transaction: autocommit is off */
+    if (!row) {
+        fail_with_db(w, job, "probe");
+        return APPLY_UNAVAILABLE;
+    }
+    if (read_only) {
+        snprintf(job->error, sizeof job->error, "the database is read-only (@@read_only = 1)");
+        return APPLY_UNAVAILABLE;
+    }
+    return APPLY_COMMITTED;
+}
+
 static apply_status run_transaction(store_worker *w, store_job *job)
 {
     const config_consumer *consumer = &w->pool->cfg->consumers[job->consumer_index];
@@ -234,9 +270,9 @@ static void run_job(store_worker *w, store_job *job)
     if (!worker_connect(w, job)) {
         job->status = APPLY_UNAVAILABLE;
     } else if (job->kind == STORE_JOB_PING) {
-        job->status = mysql_ping(w->db) == 0 ? APPLY_COMMITTED : fail_with_db(w, job, "ping");
-        if (job->status != APPLY_COMMITTED)
-            job->status = APPLY_UNAVAILABLE;
+        job->status = probe_writable(w, job);
+        if (job->status == APPLY_COMMITTED)
+            atomic_store(&w->pool->database_down, false);
     } else {
         job->status = run_transaction(w, job);
     }
@@ -305,7 +341,7 @@ static void on_results_ready(uv_async_t *handle)
 static void free_pool_memory(store_pool *pool)
 {
     if (pool->workers)
-        for (size_t i = 0; i < pool->worker_count; i++)
+        for (size_t i = 0; i < pool->workers_allocated; i++)
             free(pool->workers[i].handler_states);
     free(pool->workers);
     uv_cond_destroy(&pool->work_available);
@@ -343,6 +379,7 @@ int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *e
         pool->workers[i].handler_states = calloc(cfg->consumer_count, sizeof(void *));
         if (!pool->workers[i].handler_states)
             goto fail;
+        pool->workers_allocated = i + 1;
     }
     if (uv_async_init(loop, &pool->results_ready, on_results_ready) != 0)
         goto fail;

@@ -58,15 +58,10 @@ static long summary_total(const char *log_path, const char *counter)
     return total;
 }
 
-static bool applied_at_least(harness *h, void *arg)
-{
-    return harness_scalar(h, "SELECT COUNT(*) FROM msg_dedup") >= *(long *)arg;
-}
-
 /* Waits until idemq has committed at least n messages, so a fault lands mid-run. */
 static void wait_applied_at_least(harness *h, long n)
 {
-    cr_assert(harness_wait_for(applied_at_least, h, &n, 60000),
+    cr_assert(harness_wait_scalar_at_least(h, n, 60000, "SELECT COUNT(*) FROM msg_dedup") >= n,
               "idemq applied fewer than %ld messages in 60 s (log: %s)", n, h->log_path);
 }
 
@@ -136,7 +131,6 @@ static void restart_mid_run(const char *name, const char *stop_args, const char 
         services(start_args);
     /* The harness's own connection died with the broker. */
     harness_reconnect_amqp(&h, 60000);
-    harness_wait_quorum_ready(&h, 60000);
 
     cr_assert(harness_wait_scalar(&h, EVENTS, 180000, "SELECT COUNT(*) FROM msg_dedup"),
               "not every message was applied after the broker came back (log: %s)", h.log_path);
@@ -149,6 +143,17 @@ static void restart_mid_run(const char *name, const char *stop_args, const char 
     cr_expect_eq(summary_total(h.log_path, "processed"), EVENTS);
     cr_expect_eq(summary_total(h.log_path, "dead_lettered"), 0);
     cr_expect_eq(harness_queue_depth(&h, h.queue), 0);
+    if (!start_args) {
+        harness_wait_quorum_ready(&h, 60000);
+    } else {
+        /* RabbitMQ 3.10 does not restart rabbit_fifo_dlx_sup on start_app: afterwards every new
+         * quorum queue with at-least-once dead-lettering crashes on declare (541). idemq copes
+         * (it keeps retrying the declaration), but later tests need new queues: heal the node
+         * with a full restart. */
+        services("restart-rabbitmq");
+        harness_reconnect_amqp(&h, 60000);
+        harness_wait_quorum_ready(&h, 60000);
+    }
     harness_fini(&h);
 }
 
