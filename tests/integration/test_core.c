@@ -61,10 +61,7 @@ static int stop_idemq(pid_t pid, int sig)
 static void core_fini(void)
 {
     for (size_t i = 0; i < sizeof spawned / sizeof spawned[0]; i++)
-        if (spawned[i] > 0) {
-            harness_stop(spawned[i], SIGKILL, 5000);
-            spawned[i] = 0;
-        }
+        harness_kill_idemq(&spawned[i]);
     if (h_ready)
         harness_fini(&H);
     h_ready = false;
@@ -80,23 +77,6 @@ static void setup(const char *name, const harness_options *opts)
 
 /* ---- log reading ------------------------------------------------------------------------- */
 
-/* Lines of path containing needle and (when not NULL) also needle2. */
-static long lines_with(const char *path, const char *needle, const char *needle2)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    long count = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) >= 0)
-        if (strstr(line, needle) && (!needle2 || strstr(line, needle2)))
-            count++;
-    free(line);
-    fclose(f);
-    return count;
-}
-
 typedef struct log_wait {
     const char *path;
     const char *needle, *needle2;
@@ -107,7 +87,7 @@ static bool log_reached(harness *h, void *arg)
 {
     (void)h;
     const log_wait *w = arg;
-    return lines_with(w->path, w->needle, w->needle2) >= w->at_least;
+    return harness_log_count_both(w->path, w->needle, w->needle2) >= w->at_least;
 }
 
 /* Waits until path has at least `at_least` lines with needle (and needle2). */
@@ -118,7 +98,7 @@ static bool wait_log(const char *path, const char *needle, const char *needle2, 
     if (!ok)
         cr_log_error("waited %d ms for %ld line(s) with %s%s%s in %s; found %ld", DEADLINE_MS,
                      at_least, needle, needle2 ? " and " : "", needle2 ? needle2 : "", path,
-                     lines_with(path, needle, needle2));
+                     harness_log_count_both(path, needle, needle2));
     return ok;
 }
 
@@ -136,8 +116,8 @@ static bool outcomes_reached(harness *h, void *arg)
     outcome_wait *w = arg;
     long total = 0;
     for (int i = 0; i < w->count; i++)
-        total += lines_with(w->paths[i], OUT_PROCESSED, NULL) +
-                 lines_with(w->paths[i], OUT_DEDUPED, NULL);
+        total += harness_log_count_both(w->paths[i], OUT_PROCESSED, NULL) +
+                 harness_log_count_both(w->paths[i], OUT_DEDUPED, NULL);
     w->last = total - w->baseline;
     return w->last >= w->want;
 }
@@ -175,7 +155,7 @@ static summary last_summary(const char *path)
 static pid_t start_idemq(const char *path)
 {
     const char *log = path ? path : H.log_path;
-    long before = lines_with(log, READY_LINE, NULL);
+    long before = harness_log_count_both(log, READY_LINE, NULL);
     pid_t pid = path ? harness_spawn_logged(&H, path) : harness_spawn(&H);
     track(pid);
     cr_assert(wait_log(log, READY_LINE, NULL, before + 1), "idemq did not start consuming");
@@ -210,21 +190,18 @@ static bool wait_queue(const char *queue, long messages, long consumers)
     return ok;
 }
 
-typedef struct at_least_wait {
-    const char *sql;
-    long long min, last;
-} at_least_wait;
-
-static bool scalar_at_least(harness *h, void *arg)
-{
-    at_least_wait *w = arg;
-    w->last = harness_scalar(h, "%s", w->sql);
-    return w->last >= w->min;
-}
-
 static void dlq_name(char *buf, size_t len)
 {
     snprintf(buf, len, "%s.dlq", H.queue);
+}
+
+/* Waits until the work queue is drained, stops idemq (SIGTERM, asserting exit 0) and returns
+ * the summary it logged. */
+static summary drain_and_stop(pid_t pid)
+{
+    cr_assert(wait_queue(H.queue, 0, -1));
+    cr_assert_eq(stop_idemq(pid, SIGTERM), 0);
+    return last_summary(H.log_path);
 }
 
 /* ---- message bodies and headers --------------------------------------------------------- */
@@ -337,6 +314,15 @@ static bool header_int(const amqp_basic_properties_t *p, const char *name, int64
     }
 }
 
+/* Takes the next message from dlq into *m (owned: amqp_destroy_message), expects its
+ * idemq-error-class to be non_retryable and copies its idemq-error header into text. */
+static void get_non_retryable(const char *dlq, amqp_message_t *m, char *text, size_t len)
+{
+    cr_assert(harness_get(&H, dlq, m));
+    cr_expect_str_eq(header_text(&m->properties, "idemq-error-class", text, len), "non_retryable");
+    header_text(&m->properties, "idemq-error", text, len);
+}
+
 static bool body_contains(amqp_bytes_t b, const char *needle)
 {
     size_t n = strlen(needle);
@@ -407,8 +393,8 @@ Test(core, thousand_events_plus_thousand_duplicates_in_random_order, .timeout = 
     cr_expect_eq(s.deduped, ORDERS, "summary deduped=%ld", s.deduped);
     cr_expect_eq(s.state_noop, 0, "summary state_noop=%ld", s.state_noop);
     cr_expect_eq(s.dead_lettered, 0, "summary dead_lettered=%ld", s.dead_lettered);
-    cr_expect_eq(lines_with(H.log_path, OUT_DEDUPED, NULL), ORDERS);
-    cr_expect_eq(lines_with(H.log_path, OUT_PROCESSED, NULL), ORDERS);
+    cr_expect_eq(harness_log_count_both(H.log_path, OUT_DEDUPED, NULL), ORDERS);
+    cr_expect_eq(harness_log_count_both(H.log_path, OUT_PROCESSED, NULL), ORDERS);
 
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), ORDERS);
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup d JOIN orders o ON "
@@ -528,9 +514,9 @@ Test(core, kill_9_mid_run_then_restart_applies_each_message_once, .timeout = 300
         long long threshold = committed + KILL_AT;
         pid_t victim = harness_spawn(&H);
         track(victim);
-        at_least_wait w = {"SELECT COUNT(*) FROM msg_dedup", threshold, 0};
-        cr_assert(harness_wait_for(scalar_at_least, &H, &w, DEADLINE_MS),
-                  "only %lld rows committed", w.last);
+        long long rows = harness_wait_scalar_at_least(&H, threshold, DEADLINE_MS,
+                                                      "SELECT COUNT(*) FROM msg_dedup");
+        cr_assert(rows >= threshold, "only %lld rows committed", rows);
         cr_assert_eq(stop_idemq(victim, SIGKILL), 128 + SIGKILL);
         kills++;
 
@@ -556,8 +542,8 @@ Test(core, kill_9_mid_run_then_restart_applies_each_message_once, .timeout = 300
         if (committed_unacked > 0)
             break;
     }
-    long processed_before = lines_with(H.log_path, OUT_PROCESSED, NULL);
-    long deduped_before = lines_with(H.log_path, OUT_DEDUPED, NULL);
+    long processed_before = harness_log_count_both(H.log_path, OUT_PROCESSED, NULL);
+    long deduped_before = harness_log_count_both(H.log_path, OUT_DEDUPED, NULL);
 
     pid_t pid = start_idemq(NULL);
     cr_assert(harness_wait_scalar(&H, MESSAGES, DEADLINE_MS, "SELECT COUNT(*) FROM msg_dedup"));
@@ -579,8 +565,9 @@ Test(core, kill_9_mid_run_then_restart_applies_each_message_once, .timeout = 300
 
     /* The final run got `ready` messages: the committed-but-unacked ones come back deduped,
      * the rest are processed — exactly. */
-    long processed_after = lines_with(H.log_path, OUT_PROCESSED, NULL) - processed_before;
-    long deduped_after = lines_with(H.log_path, OUT_DEDUPED, NULL) - deduped_before;
+    long processed_after =
+        harness_log_count_both(H.log_path, OUT_PROCESSED, NULL) - processed_before;
+    long deduped_after = harness_log_count_both(H.log_path, OUT_DEDUPED, NULL) - deduped_before;
     cr_expect_eq(processed_after, MESSAGES - committed, "after the restart: processed %ld",
                  processed_after);
     cr_expect_eq(deduped_after, committed_unacked,
@@ -626,11 +613,8 @@ Test(core, state_machine_against_the_database, .timeout = 120)
     harness_publish(&H, NULL, "application/json", body, (size_t)n, NULL);
     cr_assert(wait_queue(dlq, 1, -1), "the illegal transition did not reach %s", dlq);
     amqp_message_t m;
-    cr_assert(harness_get(&H, dlq, &m));
     char text[1200];
-    cr_expect_str_eq(header_text(&m.properties, "idemq-error-class", text, sizeof text),
-                     "non_retryable");
-    header_text(&m.properties, "idemq-error", text, sizeof text);
+    get_non_retryable(dlq, &m, text, sizeof text);
     cr_expect(strstr(text, "illegal transition") && strstr(text, "REFUND_SUCCESS") &&
                   strstr(text, "PAID"),
               "idemq-error: %s", text);
@@ -666,9 +650,7 @@ Test(core, state_machine_against_the_database, .timeout = 120)
                                     "'order_id:c:%%'"),
                  3);
 
-    cr_assert(wait_queue(H.queue, 0, -1));
-    cr_assert_eq(stop_idemq(pid, SIGTERM), 0);
-    summary s = last_summary(H.log_path);
+    summary s = drain_and_stop(pid);
     cr_expect_eq(s.processed, 4);
     cr_expect_eq(s.state_noop, 1);
     cr_expect_eq(s.dead_lettered, 1);
@@ -823,7 +805,7 @@ Test(core, bad_input_is_dead_lettered_untouched_and_never_stalls_the_queue, .tim
     cr_expect_eq(s.processed, GOOD);
     cr_expect_eq(s.dead_lettered, 5);
     cr_expect_eq(s.requeued, 0);
-    cr_expect_eq(lines_with(H.log_path, OUT_DEAD_LETTERED, "invalid envelope"), 5);
+    cr_expect_eq(harness_log_count_both(H.log_path, OUT_DEAD_LETTERED, "invalid envelope"), 5);
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), GOOD,
                  "a bad body must never reach the dedup table");
     cr_expect_eq(harness_queue_depth(&H, dlq), 0);
@@ -872,9 +854,9 @@ Test(core, msgpack_events_are_processed_like_json, .timeout = 120)
                                     "('order_id:m0:PAY_SUCCESS', 'order_id:m1:PAY_SUCCESS', "
                                     "'order_id:m2:PAY_SUCCESS', 'order_id:j0:PAY_SUCCESS')"),
                  4);
-    cr_expect_eq(
-        lines_with(H.log_path, "\"message_id\":\"order_id:m1:PAY_SUCCESS\"", OUT_PROCESSED), 1,
-        "the msgpack message_id is logged");
+    cr_expect_eq(harness_log_count_both(H.log_path, "\"message_id\":\"order_id:m1:PAY_SUCCESS\"",
+                                        OUT_PROCESSED),
+                 1, "the msgpack message_id is logged");
     summary s = last_summary(H.log_path);
     cr_expect_eq(s.processed, 4);
     cr_expect_eq(s.deduped, 2);
@@ -1002,11 +984,8 @@ Test(core, failed_business_update_rolls_back_the_dedup_row, .timeout = 120)
     publish_json("order_id:r1:PAY_SUCCESS", "r1", "PAY_SUCCESS", 100);
     cr_assert(wait_queue(dlq, 1, -1));
     amqp_message_t m;
-    cr_assert(harness_get(&H, dlq, &m));
     char text[1200];
-    cr_expect_str_eq(header_text(&m.properties, "idemq-error-class", text, sizeof text),
-                     "non_retryable");
-    header_text(&m.properties, "idemq-error", text, sizeof text);
+    get_non_retryable(dlq, &m, text, sizeof text);
     cr_expect(strstr(text, "1264") && strstr(text, "amount"), "idemq-error: %s", text);
     cr_expect(body_contains(m.body, "\"order_id\":\"r0\""), "the dead letter is not r0's message");
     amqp_destroy_message(&m);
@@ -1024,8 +1003,9 @@ Test(core, failed_business_update_rolls_back_the_dedup_row, .timeout = 120)
      * row; once it stops refusing, the retry is applied — not swallowed as a duplicate. */
     publish_json("order_id:t0:PAY_SUCCESS", "t0", "PAY_SUCCESS", 42);
     cr_assert(wait_log(H.log_path, "\"biz_key\":\"order_id:t0:PAY_SUCCESS\"", OUT_RETRIED, 1));
-    cr_expect_eq(lines_with(H.log_path, OUT_RETRIED, "test trigger refuses t0"),
-                 lines_with(H.log_path, OUT_RETRIED, NULL), "the retry reason is the trigger's");
+    cr_expect_eq(harness_log_count_both(H.log_path, OUT_RETRIED, "test trigger refuses t0"),
+                 harness_log_count_both(H.log_path, OUT_RETRIED, NULL),
+                 "the retry reason is the trigger's");
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key = "
                                     "'order_id:t0:PAY_SUCCESS'"),
                  0, "a failed attempt left its dedup row behind");
@@ -1038,14 +1018,14 @@ Test(core, failed_business_update_rolls_back_the_dedup_row, .timeout = 120)
                                   "status = 'PAID' AND amount = 42"),
               "the retry after the failure was not applied");
     cr_assert(wait_log(H.log_path, "\"biz_key\":\"order_id:t0:PAY_SUCCESS\"", OUT_PROCESSED, 1));
-    cr_expect_eq(lines_with(H.log_path, "\"biz_key\":\"order_id:t0:PAY_SUCCESS\"", OUT_DEDUPED), 0);
+    cr_expect_eq(
+        harness_log_count_both(H.log_path, "\"biz_key\":\"order_id:t0:PAY_SUCCESS\"", OUT_DEDUPED),
+        0);
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key = "
                                     "'order_id:t0:PAY_SUCCESS'"),
                  1);
 
-    cr_assert(wait_queue(H.queue, 0, -1));
-    cr_assert_eq(stop_idemq(pid, SIGTERM), 0);
-    summary s = last_summary(H.log_path);
+    summary s = drain_and_stop(pid);
     cr_expect_eq(s.processed, 2);
     cr_expect_eq(s.dead_lettered, 1);
     cr_expect_eq(s.deduped, 0);

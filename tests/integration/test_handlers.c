@@ -43,10 +43,7 @@ static pid_t daemon_pid;
 
 static void teardown(void)
 {
-    if (daemon_pid > 0) {
-        harness_stop(daemon_pid, SIGKILL, 5000);
-        daemon_pid = 0;
-    }
+    harness_kill_idemq(&daemon_pid);
     if (h_ready)
         harness_fini(&H);
     h_ready = false;
@@ -60,41 +57,16 @@ static void setup(const char *name, const harness_options *o)
     h_ready = true;
 }
 
-typedef struct log_wait {
-    const char *needle;
-    long at_least;
-} log_wait;
-
-static bool log_reached(harness *h, void *arg)
-{
-    log_wait *w = arg;
-    return harness_log_count(h, w->needle) >= w->at_least;
-}
-
 static bool wait_log(const char *needle, long at_least)
 {
-    log_wait w = {.needle = needle, .at_least = at_least};
-    bool ok = harness_wait_for(log_reached, &H, &w, DEADLINE_MS);
-    if (!ok)
-        cr_log_error("waited %d ms for %ld log line(s) containing %s; found %ld", DEADLINE_MS,
-                     at_least, needle, harness_log_count(&H, needle));
-    return ok;
+    return harness_wait_log(&H, needle, at_least, DEADLINE_MS);
 }
 
 /* Declares the topology, starts idemq and waits until it consumes. */
 static void start_daemon(void)
 {
     harness_declare_topology(&H);
-    long before = harness_log_count(&H, READY_LINE);
-    daemon_pid = harness_spawn(&H);
-    cr_assert(wait_log(READY_LINE, before + 1), "idemq did not start consuming");
-}
-
-static void stop_daemon(void)
-{
-    int rc = harness_stop(daemon_pid, SIGTERM, 30000);
-    daemon_pid = 0;
-    cr_expect_eq(rc, 0, "idemq run should exit 0 on SIGTERM, got %d", rc);
+    harness_start_idemq(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
 }
 
 /* Publishes a JSON object (taken) as a message. */
@@ -324,7 +296,7 @@ Test(handlers, sql_injection_looking_values_are_stored_verbatim)
                  4);
     cr_expect_eq(harness_scalar(&H, "SELECT balance FROM accounts WHERE id = 'acc-2'"), 100);
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), 4);
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 }
 
 Test(handlers, sql_wrong_types_and_missing_fields_are_dead_lettered_with_the_reason)
@@ -371,7 +343,7 @@ Test(handlers, sql_wrong_types_and_missing_fields_are_dead_lettered_with_the_rea
     cr_expect_eq(harness_scalar(&H, "SELECT balance FROM accounts WHERE id = 'acc-1'"), 3);
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), 1);
     cr_expect_eq(harness_log_count(&H, "\"outcome\":\"retried\""), 0);
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 }
 
 /* sql_handler plus extra handler lines. */
@@ -414,7 +386,7 @@ Test(handlers, sql_expect_rows_mismatch_is_retried_with_on_mismatch_retry)
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM notes"), 1);
     cr_expect_eq(dedup_rows("late-1"), 1);
     cr_expect_eq(dedup_rows("never-1"), 0);
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 }
 
 Test(handlers, sql_expect_rows_mismatch_is_dead_lettered_by_default)
@@ -431,7 +403,7 @@ Test(handlers, sql_expect_rows_mismatch_is_dead_lettered_by_default)
     cr_expect_str_eq(dl[0].error, "statement 2 changed 0 rows, expected 1");
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM notes"), 0);
     cr_expect_eq(dedup_rows("nobody-1"), 0);
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 }
 
 Test(handlers, check_prepares_sql_statements_against_the_schema)
@@ -528,7 +500,7 @@ Test(handlers, plugin_ok_and_non_retryable_results)
     cr_expect_eq(dedup_rows("neg-1"), 0);
     cr_expect_eq(dedup_rows("ok-1"), 1);
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), 2);
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 }
 
 Test(handlers, plugin_retryable_is_retried_then_dead_lettered_as_retries_exhausted)
@@ -553,7 +525,7 @@ Test(handlers, plugin_retryable_is_retried_then_dead_lettered_as_retries_exhaust
     /* Both attempts inserted a ledger row; both were rolled back with the dedup row. */
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM ledger"), 0);
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), 0);
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 }
 
 Test(handlers, plugin_retryable_recovers_on_retry)
@@ -572,7 +544,7 @@ Test(handlers, plugin_retryable_recovers_on_retry)
     long dlq_depth = -1;
     harness_queue_info(&H, dlq(), &dlq_depth, NULL);
     cr_expect_eq(dlq_depth, 0);
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 }
 
 static void expect_run_refused(const char *yaml, const char *needle)
@@ -788,7 +760,7 @@ Test(handlers, retention_deletes_only_expired_rows_while_traffic_flows)
     cr_log_info("retention under traffic: %d messages published, %ld sweeps deleted rows "
                 "meanwhile",
                 t.published, during);
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 }
 
 Test(handlers, retention_job_stops_promptly_on_sigterm)

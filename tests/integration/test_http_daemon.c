@@ -10,14 +10,14 @@
  * A separate executable, and one test, because it stops the shared MariaDB server
  * (scripts/services stop-mariadb / start-mariadb): every suite running at the same time sees the
  * outage, so the outage is kept short. MariaDB is started again by the teardown even when an
- * assertion fails, and by a guard process when this process dies (crash, timeout, kill).
+ * assertion fails, and by a guard process (harness_db_guard_arm) when this process dies (crash,
+ * timeout, kill).
  * The daemon listens on 127.0.0.1:0 (the harness config); the port is read from its log line
  * "http listening on 127.0.0.1:PORT".
  */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -26,7 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,106 +39,13 @@
 static harness H;
 static bool h_ready;
 static pid_t daemon_pid;
-static bool db_stopped;
-static int guard_fd = -1;
-static pid_t guard_pid;
+static harness_db_guard db_guard = HARNESS_DB_GUARD_INIT;
 static int http_port;
-
-/* ------------------------------------------------------------------ MariaDB stop / start */
-
-static const char *services_script(void)
-{
-    const char *s = getenv("IDEMQ_SERVICES");
-    cr_assert(s && *s, "IDEMQ_SERVICES is not set: source .state/env");
-    return s;
-}
-
-/* Runs `$IDEMQ_SERVICES cmd`, output appended to DIR/services.log; returns its exit status. */
-static int services(const char *cmd)
-{
-    char path[400];
-    snprintf(path, sizeof path, "%s/services.log", H.dir);
-    const char *script = services_script();
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, STDOUT_FILENO);
-            dup2(fd, STDERR_FILENO);
-        }
-        execl(script, script, cmd, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-/* A child that starts MariaDB once the write end of its pipe closes: when we close it after the
- * restart (a no-op then), or when this process dies for any reason. */
-static void start_guard(void)
-{
-    int p[2];
-    cr_assert(pipe(p) == 0);
-    const char *script = services_script();
-    char path[400];
-    snprintf(path, sizeof path, "%s/guard.log", H.dir);
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        setpgid(0, 0); /* not hit by signals sent to the test's process group */
-        close(p[1]);
-        int log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        for (int fd = 3; fd < 1024; fd++)
-            if (fd != p[0] && fd != log_fd)
-                close(fd);
-        char c;
-        for (;;) {
-            ssize_t n = read(p[0], &c, 1);
-            if (n == 0 || (n < 0 && errno != EINTR))
-                break;
-        }
-        if (log_fd >= 0) {
-            dup2(log_fd, STDOUT_FILENO);
-            dup2(log_fd, STDERR_FILENO);
-        }
-        execl(script, script, "start-mariadb", (char *)NULL);
-        _exit(127);
-    }
-    close(p[0]);
-    fcntl(p[1], F_SETFD, FD_CLOEXEC); /* idemq and CLI children must not hold it */
-    guard_fd = p[1];
-    guard_pid = pid;
-}
-
-static void stop_guard(void)
-{
-    if (guard_fd < 0)
-        return;
-    close(guard_fd);
-    guard_fd = -1;
-    int status;
-    while (waitpid(guard_pid, &status, 0) < 0 && errno == EINTR)
-        ;
-}
 
 static void teardown(void)
 {
-    if (daemon_pid > 0) {
-        harness_stop(daemon_pid, SIGKILL, 5000);
-        daemon_pid = 0;
-    }
-    if (db_stopped) {
-        services("start-mariadb");
-        db_stopped = false;
-        if (h_ready)
-            harness_db_reconnect(&H, 60000);
-    }
-    stop_guard();
+    harness_kill_idemq(&daemon_pid);
+    harness_db_guard_recover(&H, &db_guard);
     if (h_ready) {
         harness_fini(&H);
         h_ready = false;
@@ -513,9 +419,10 @@ Test(http_daemon, metrics_match_the_workload_and_readyz_follows_mariadb, .fini =
     close(slow);
 
     /* MariaDB down: /readyz 503 with the reason; liveness stays 200. */
-    start_guard();
-    db_stopped = true;
-    cr_assert_eq(services("stop-mariadb"), 0, "stop-mariadb failed (see %s/services.log)", H.dir);
+    harness_db_guard_arm(&H, &db_guard);
+    db_guard.db_stopped = true;
+    cr_assert_eq(harness_services(&H, "stop-mariadb"), 0,
+                 "stop-mariadb failed (see %s/services.log)", H.dir);
     mysql_close(H.db);
     H.db = NULL;
     wait_readyz(503, "not ready: database unavailable", 20000);
@@ -526,16 +433,15 @@ Test(http_daemon, metrics_match_the_workload_and_readyz_follows_mariadb, .fini =
     cr_expect_eq(sample(r.body, "idemq_up{dependency=\"mysql\"}"), 0, "%s", r.body);
     reply_free(&r);
 
-    cr_assert_eq(services("start-mariadb"), 0, "start-mariadb failed (see %s/services.log)", H.dir);
-    db_stopped = false;
+    cr_assert_eq(harness_services(&H, "start-mariadb"), 0,
+                 "start-mariadb failed (see %s/services.log)", H.dir);
+    db_guard.db_stopped = false;
     harness_db_reconnect(&H, 30000);
-    stop_guard();
+    harness_db_guard_disarm(&db_guard);
     wait_readyz(200, "ready\n", 30000);
     r = http_get("/metrics");
     cr_expect_eq(sample(r.body, "idemq_up{dependency=\"mysql\"}"), 1, "%s", r.body);
     reply_free(&r);
 
-    int rc = harness_stop(daemon_pid, SIGTERM, 30000);
-    daemon_pid = 0;
-    cr_expect_eq(rc, 0, "idemq run should exit 0 on SIGTERM, got %d", rc);
+    harness_stop_idemq(&daemon_pid);
 }

@@ -121,6 +121,10 @@ static void restart_mid_run(const char *name, const char *stop_args, const char 
     harness h;
     harness_init(&h, name, NULL);
     harness_insert_orders(&h, "r", EVENTS, "PAYING");
+    /* 20 ms per update keeps the run going for several seconds, so the broker really goes away
+     * mid-run (unslowed, idemq could finish before `stop_app` takes effect). */
+    harness_sql(&h, "CREATE TRIGGER slow_updates BEFORE UPDATE ON orders FOR EACH ROW "
+                    "SET @idemq_test_pause = SLEEP(0.02)");
     harness_declare_topology(&h);
     publish_payments(&h, "r", EVENTS);
     pid_t pid = harness_spawn(&h);

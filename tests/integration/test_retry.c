@@ -46,10 +46,7 @@ static char extra_queue[200];
 
 static void teardown(void)
 {
-    if (daemon_pid > 0) {
-        harness_stop(daemon_pid, SIGKILL, 5000);
-        daemon_pid = 0;
-    }
+    harness_kill_idemq(&daemon_pid);
     if (!h_ready)
         return;
     if (extra_queue[0])
@@ -140,40 +137,10 @@ static bool wait_depth(const char *suffix, long expected, int timeout_ms)
     return ok;
 }
 
-typedef struct log_wait {
-    const char *needle;
-    long at_least;
-} log_wait;
-
-static bool log_reached(harness *h, void *arg)
-{
-    log_wait *w = arg;
-    return harness_log_count(h, w->needle) >= w->at_least;
-}
-
-static bool wait_log(const char *needle, long at_least, int timeout_ms)
-{
-    log_wait w = {.needle = needle, .at_least = at_least};
-    bool ok = harness_wait_for(log_reached, &H, &w, timeout_ms);
-    if (!ok)
-        cr_log_error("waited %d ms for %ld log line(s) containing %s; found %ld", timeout_ms,
-                     at_least, needle, harness_log_count(&H, needle));
-    return ok;
-}
-
 /* Starts idemq and waits until it consumes (so the work queue exists before we publish). */
 static void start_daemon(void)
 {
-    long before = harness_log_count(&H, "started consuming");
-    daemon_pid = harness_spawn(&H);
-    cr_assert(wait_log("started consuming", before + 1, 15000), "idemq did not start consuming");
-}
-
-static void stop_daemon(void)
-{
-    int rc = harness_stop(daemon_pid, SIGTERM, 30000);
-    daemon_pid = 0;
-    cr_expect_eq(rc, 0, "idemq run should exit 0 on SIGTERM, got %d", rc);
+    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
 }
 
 static const char *jstr(json_t *obj, const char *key)
@@ -362,12 +329,12 @@ Test(retry, fails_three_times_then_succeeds_within_schedule, .fini = teardown, .
 
     harness_publish_event(&H, "r0", "PAY_SUCCESS", 4200);
     cr_assert(harness_wait_scalar(&H, 1, 20000, "SELECT COUNT(*) FROM msg_dedup"));
-    cr_assert(wait_log("processed after 3 retries", 1, 5000));
+    cr_assert(harness_wait_log(&H, "processed after 3 retries", 1, 5000));
     /* The recovery is counted as such, and the three retries as retried. */
     cr_assert(wait_metric("idemq_retry_recovered_total", NULL, 1, 5000));
     cr_assert(wait_metric("idemq_messages_total", ",outcome=\"retried\"", 3, 5000));
     cr_assert(wait_metric("idemq_messages_total", ",outcome=\"processed\"", 1, 5000));
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 
     /* Applied once. */
     cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup "
@@ -468,11 +435,11 @@ Test(retry, always_failing_ends_in_dlq_with_original_body_and_headers, .fini = t
     harness_publish_props(&H, NULL, H.queue, &props, body, sizeof body - 1);
 
     cr_assert(wait_depth(".dlq", 1, 20000), "the message never reached the DLQ");
-    cr_assert(wait_log("\"outcome\":\"dead_lettered\"", 1, 5000));
+    cr_assert(harness_wait_log(&H, "\"outcome\":\"dead_lettered\"", 1, 5000));
     cr_assert(wait_metric("idemq_messages_total", ",outcome=\"dead_lettered\"", 1, 5000));
     cr_assert(wait_metric("idemq_messages_total", ",outcome=\"retried\"", 3, 5000));
     cr_assert(wait_metric("idemq_retry_recovered_total", NULL, 0, 5000));
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 
     /* Exactly max_retries retries, then the dead letter. */
     json_t *all = harness_log_load(&H);
@@ -573,8 +540,8 @@ Test(retry, non_retryable_goes_straight_to_dlq, .fini = teardown, .timeout = 60)
     harness_publish_event(&H, "n0", "REFUND_SUCCESS", 1);
 
     cr_assert(wait_depth(".dlq", 2, 15000));
-    cr_assert(wait_log("\"outcome\":\"dead_lettered\"", 2, 5000));
-    stop_daemon();
+    cr_assert(harness_wait_log(&H, "\"outcome\":\"dead_lettered\"", 2, 5000));
+    harness_stop_idemq(&daemon_pid);
 
     cr_assert_eq(harness_log_count(&H, "\"outcome\":\"retried\""), 0, "nothing may be retried");
     json_t *all = harness_log_load(&H);
@@ -713,7 +680,7 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
     }
     /* Kill once a few messages failed for the second time: they sit in Q.retry.2 (600..700
      * ms), the slower ones in Q.retry.1. */
-    cr_assert(wait_log("\"retries\":1,\"outcome\":\"retried\"", 5, 15000));
+    cr_assert(harness_wait_log(&H, "\"retries\":1,\"outcome\":\"retried\"", 5, 15000));
     cr_assert_eq(harness_stop(daemon_pid, SIGKILL, 5000), 128 + SIGKILL);
     daemon_pid = 0;
     long in_ladder = depth_of(".retry.1") + depth_of(".retry.2");
@@ -746,11 +713,11 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
     cr_assert(harness_wait_scalar(&H, KILL_ORDERS, 20000, "SELECT COUNT(*) FROM msg_dedup"));
     cr_assert(harness_wait_scalar(&H, KILL_ORDERS, 5000,
                                   "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"));
-    cr_assert(wait_log("\"outcome\":\"processed\"", KILL_ORDERS, 5000));
+    cr_assert(harness_wait_log(&H, "\"outcome\":\"processed\"", KILL_ORDERS, 5000));
     /* A chain forked by the kill (see below) may still have a copy on its way: let it land. */
     cr_assert(wait_depth(".retry.1", 0, 5000) && wait_depth(".retry.2", 0, 5000) &&
               wait_depth(".retry.3", 0, 5000) && wait_depth("", 0, 5000));
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
 
     cr_assert_eq(depth_of(".dlq"), 0);
     cr_assert_eq(depth_of(""), 0);
@@ -860,8 +827,8 @@ Test(retry, retries_reach_only_the_consumer_queue_not_topic_siblings, .fini = te
     harness_publish_props(&H, extra_exchange, "orders.eu.paid", &props, body, strlen(body));
 
     cr_assert(wait_depth(".dlq", 1, 15000));
-    cr_assert(wait_log("\"outcome\":\"dead_lettered\"", 1, 5000));
-    stop_daemon();
+    cr_assert(harness_wait_log(&H, "\"outcome\":\"dead_lettered\"", 1, 5000));
+    harness_stop_idemq(&daemon_pid);
 
     /* Q saw the original and both retries... */
     json_t *all = harness_log_load(&H);
@@ -1023,7 +990,7 @@ Test(retry, dlq_list_replay_purge, .fini = teardown, .timeout = 60)
     cr_assert(harness_wait_scalar(&H, 1, 5000, "SELECT COUNT(*) FROM msg_dedup WHERE "
                                                "biz_key = 'order_id:d0:REFUND_START'"));
     cr_assert(wait_depth(".dlq", 2, 5000), "the replayed message must leave the DLQ");
-    cr_assert(wait_log("\"biz_key\":\"order_id:d0:REFUND_START\"", 2, 5000));
+    cr_assert(harness_wait_log(&H, "\"biz_key\":\"order_id:d0:REFUND_START\"", 2, 5000));
     cr_assert_eq(harness_log_count(&H, "\"biz_key\":\"order_id:d0:REFUND_START\",\"message_id\":"
                                        "\"m-d0-REFUND_START\",\"retries\":0,\"outcome\":"
                                        "\"processed\""),
@@ -1045,7 +1012,7 @@ Test(retry, dlq_list_replay_purge, .fini = teardown, .timeout = 60)
     harness_publish(&H, NULL, "application/json", junk, sizeof junk - 1, NULL);
     harness_publish(&H, NULL, "application/json", junk, sizeof junk - 1, NULL);
     cr_assert(wait_depth(".dlq", 2, 10000));
-    stop_daemon();
+    harness_stop_idemq(&daemon_pid);
     const char *purge_no[] = {"dlq", "purge", "-c", H.config_path, NULL};
     out = run_cli(&rc, purge_no);
     cr_assert_eq(rc, 2, "dlq purge without --yes should exit 2, got %d: %s", rc, out);

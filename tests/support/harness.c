@@ -281,8 +281,8 @@ static void wait_confirm(harness *h, uint64_t seq)
     }
 }
 
-void harness_publish(harness *h, const char *routing_key, const char *content_type,
-                     const void *body, size_t len, const amqp_table_t *headers)
+/* Properties of a persistent message with content_type (borrowed; NULL: none). */
+static amqp_basic_properties_t persistent_props(const char *content_type)
 {
     amqp_basic_properties_t props;
     memset(&props, 0, sizeof props);
@@ -292,6 +292,13 @@ void harness_publish(harness *h, const char *routing_key, const char *content_ty
         props._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
         props.content_type = amqp_cstring_bytes(content_type);
     }
+    return props;
+}
+
+void harness_publish(harness *h, const char *routing_key, const char *content_type,
+                     const void *body, size_t len, const amqp_table_t *headers)
+{
+    amqp_basic_properties_t props = persistent_props(content_type);
     if (headers) {
         props._flags |= AMQP_BASIC_HEADERS_FLAG;
         props.headers = *headers;
@@ -359,12 +366,7 @@ static pid_t spawn(harness *h, const char *const *argv, int out_fd)
 
 pid_t harness_spawn(harness *h)
 {
-    int fd = open(h->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    cr_assert(fd >= 0, "open %s: %s", h->log_path, strerror(errno));
-    const char *argv[] = {IDEMQ_BINARY, "run", "-c", h->config_path, NULL};
-    pid_t pid = spawn(h, argv, fd);
-    close(fd);
-    return pid;
+    return harness_spawn_logged(h, h->log_path);
 }
 
 int harness_run_cli(harness *h, char **output, const char *const *args)
@@ -410,18 +412,7 @@ int harness_stop(pid_t pid, int sig, int timeout_ms)
 
 long harness_log_count(harness *h, const char *needle)
 {
-    FILE *f = fopen(h->log_path, "r");
-    if (!f)
-        return 0;
-    long count = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) >= 0)
-        if (strstr(line, needle))
-            count++;
-    free(line);
-    fclose(f);
-    return count;
+    return harness_log_count_both(h->log_path, needle, NULL);
 }
 
 bool harness_wait_for(bool (*cond)(harness *h, void *arg), harness *h, void *arg, int timeout_ms)
@@ -440,6 +431,7 @@ bool harness_wait_for(bool (*cond)(harness *h, void *arg), harness *h, void *arg
 typedef struct scalar_wait {
     const char *sql;
     long long expected;
+    bool at_least; /* expected is a minimum, not the value */
     long long last;
 } scalar_wait;
 
@@ -447,7 +439,7 @@ static bool scalar_reached(harness *h, void *arg)
 {
     scalar_wait *w = arg;
     w->last = harness_scalar(h, "%s", w->sql);
-    return w->last == w->expected;
+    return w->at_least ? w->last >= w->expected : w->last == w->expected;
 }
 
 bool harness_wait_scalar(harness *h, long long expected, int timeout_ms, const char *sql)
@@ -476,14 +468,7 @@ void harness_declare_topology(harness *h)
 void harness_publish_batch(harness *h, const char *routing_key, const char *content_type,
                            const void *const *bodies, const size_t *lens, size_t count)
 {
-    amqp_basic_properties_t props;
-    memset(&props, 0, sizeof props);
-    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
-    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    if (content_type) {
-        props._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
-        props.content_type = amqp_cstring_bytes(content_type);
-    }
+    amqp_basic_properties_t props = persistent_props(content_type);
     for (size_t start = 0; start < count; start += PUBLISH_CHUNK) {
         size_t n = count - start < PUBLISH_CHUNK ? count - start : PUBLISH_CHUNK;
         uint64_t first = h->publish_seq + 1;
@@ -557,18 +542,7 @@ pid_t harness_spawn_logged(harness *h, const char *log_path)
 
 long harness_log_count_in(const char *log_path, const char *needle)
 {
-    FILE *f = fopen(log_path, "r");
-    if (!f)
-        return 0;
-    long count = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) >= 0)
-        if (strstr(line, needle))
-            count++;
-    free(line);
-    fclose(f);
-    return count;
+    return harness_log_count_both(log_path, needle, NULL);
 }
 
 /* ---- added for tests/integration/test_retry.c and test_outage.c (append-only) --------------- */
@@ -739,4 +713,164 @@ void harness_wait_quorum_ready(harness *h, int timeout_ms)
         struct timespec pause = {.tv_nsec = 250 * 1000000};
         nanosleep(&pause, NULL);
     }
+}
+
+/* ---- added to share what several suites repeated (append-only) ------------------------------ */
+
+long harness_log_count_both(const char *log_path, const char *needle, const char *also)
+{
+    FILE *f = fopen(log_path, "r");
+    if (!f)
+        return 0;
+    long count = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0)
+        if (strstr(line, needle) && (!also || strstr(line, also)))
+            count++;
+    free(line);
+    fclose(f);
+    return count;
+}
+
+typedef struct log_wait {
+    const char *needle;
+    long at_least;
+} log_wait;
+
+static bool log_reached(harness *h, void *arg)
+{
+    log_wait *w = arg;
+    return harness_log_count(h, w->needle) >= w->at_least;
+}
+
+bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout_ms)
+{
+    log_wait w = {.needle = needle, .at_least = at_least};
+    bool ok = harness_wait_for(log_reached, h, &w, timeout_ms);
+    if (!ok)
+        cr_log_error("waited %d ms for %ld log line(s) containing %s; found %ld", timeout_ms,
+                     at_least, needle, harness_log_count(h, needle));
+    return ok;
+}
+
+void harness_start_idemq(harness *h, const char *ready_line, int timeout_ms, pid_t *pid)
+{
+    long before = harness_log_count(h, ready_line);
+    *pid = harness_spawn(h);
+    cr_assert(harness_wait_log(h, ready_line, before + 1, timeout_ms),
+              "idemq did not start consuming");
+}
+
+void harness_stop_idemq(pid_t *pid)
+{
+    int rc = harness_stop(*pid, SIGTERM, 30000);
+    *pid = 0;
+    cr_expect_eq(rc, 0, "idemq run should exit 0 on SIGTERM, got %d", rc);
+}
+
+long long harness_wait_scalar_at_least(harness *h, long long min, int timeout_ms, const char *sql)
+{
+    scalar_wait w = {.sql = sql, .expected = min, .at_least = true};
+    if (!harness_wait_for(scalar_reached, h, &w, timeout_ms))
+        cr_log_error("waited %d ms for `%s` >= %lld; last value %lld", timeout_ms, sql, min,
+                     w.last);
+    return w.last;
+}
+
+void harness_kill_idemq(pid_t *pid)
+{
+    if (*pid > 0) {
+        harness_stop(*pid, SIGKILL, 5000);
+        *pid = 0;
+    }
+}
+
+/* ---- stopping the shared MariaDB ------------------------------------------------------------ */
+
+static const char *services_script(void)
+{
+    const char *s = getenv("IDEMQ_SERVICES");
+    cr_assert(s && *s, "IDEMQ_SERVICES is not set: source .state/env");
+    return s;
+}
+
+int harness_services(harness *h, const char *cmd)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/services.log", h->dir);
+    const char *script = services_script();
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, STDOUT_FILENO);
+            dup2(fd, STDERR_FILENO);
+        }
+        execl(script, script, cmd, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void harness_db_guard_arm(harness *h, harness_db_guard *g)
+{
+    int p[2];
+    cr_assert(pipe(p) == 0);
+    const char *script = services_script();
+    char path[400];
+    snprintf(path, sizeof path, "%s/guard.log", h->dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        setpgid(0, 0); /* not hit by signals sent to the test's process group */
+        close(p[1]);
+        int log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        for (int fd = 3; fd < 1024; fd++)
+            if (fd != p[0] && fd != log_fd)
+                close(fd); /* do not keep the test's broker or database sockets open */
+        char c;
+        for (;;) {
+            ssize_t n = read(p[0], &c, 1);
+            if (n == 0 || (n < 0 && errno != EINTR))
+                break;
+        }
+        if (log_fd >= 0) {
+            dup2(log_fd, STDOUT_FILENO);
+            dup2(log_fd, STDERR_FILENO);
+        }
+        execl(script, script, "start-mariadb", (char *)NULL);
+        _exit(127);
+    }
+    close(p[0]);
+    fcntl(p[1], F_SETFD, FD_CLOEXEC); /* idemq and CLI children must not hold it */
+    g->fd = p[1];
+    g->pid = pid;
+}
+
+void harness_db_guard_disarm(harness_db_guard *g)
+{
+    if (g->fd < 0)
+        return;
+    close(g->fd);
+    g->fd = -1;
+    int status;
+    while (waitpid(g->pid, &status, 0) < 0 && errno == EINTR)
+        ;
+}
+
+void harness_db_guard_recover(harness *h, harness_db_guard *g)
+{
+    if (g->db_stopped) {
+        harness_services(h, "start-mariadb");
+        g->db_stopped = false;
+        harness_db_reconnect(h, 60000);
+    }
+    harness_db_guard_disarm(g);
 }

@@ -146,4 +146,68 @@ void harness_reconnect_amqp(harness *h, int timeout_ms);
  * restart); fails the test after timeout_ms. */
 void harness_wait_quorum_ready(harness *h, int timeout_ms);
 
+/* ---- added to share what several suites repeated (append-only) ------------------------------ */
+
+/* Lines of the file at log_path (borrowed) containing needle and, unless also is NULL, also
+ * (anywhere in the same line); 0 when the file does not exist. harness_log_count and
+ * harness_log_count_in are this with also = NULL. */
+long harness_log_count_both(const char *log_path, const char *needle, const char *also);
+
+/* Waits up to timeout_ms until h->log_path holds at least at_least lines containing needle
+ * (borrowed). On timeout logs (cr_log_error) how many it found and returns false: the caller
+ * asserts, with its own message. */
+bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout_ms);
+
+/* Waits up to timeout_ms until `SELECT ...` (sql, borrowed) returns at least min, polling like
+ * harness_wait_scalar; returns the last value read: >= min when it got there. On timeout it logs
+ * (cr_log_error) the last value; the caller asserts, with its own message. */
+long long harness_wait_scalar_at_least(harness *h, long long min, int timeout_ms, const char *sql);
+
+/* Starts `idemq run` (harness_spawn) and waits up to timeout_ms until h->log_path holds one more
+ * line containing ready_line (borrowed; e.g. "started consuming") than before the start. The pid
+ * is stored in *pid before the wait, so a fixture that kills *pid also cleans up after a failed
+ * start. Fails the test ("idemq did not start consuming") when the line does not come. */
+void harness_start_idemq(harness *h, const char *ready_line, int timeout_ms, pid_t *pid);
+
+/* Stops the idemq at *pid with SIGTERM (harness_stop: 30 s, then SIGKILL), sets *pid to 0 and
+ * expects (cr_expect: the test goes on) exit status 0. */
+void harness_stop_idemq(pid_t *pid);
+
+/* For a fixture's teardown: when *pid > 0, kills it (SIGKILL, up to 5 s) and sets *pid to 0. */
+void harness_kill_idemq(pid_t *pid);
+
+/* ---- stopping the shared MariaDB (test_outage.c, test_http_daemon.c) ------------------------
+ * scripts/services stops and starts the one MariaDB every suite uses; these make sure it is
+ * started again whatever happens to the test process. */
+
+/* Runs `$IDEMQ_SERVICES cmd` (e.g. "stop-mariadb", "start-mariadb") to completion, its output
+ * appended to h->dir/services.log; returns its exit status (128 + signal when killed). Fails the
+ * test when IDEMQ_SERVICES is not set or fork fails. */
+int harness_services(harness *h, const char *cmd);
+
+/* Caller-owned; initialise with HARNESS_DB_GUARD_INIT. */
+typedef struct harness_db_guard {
+    bool db_stopped; /* set by the test from just before stop-mariadb until start-mariadb
+                        succeeded: harness_db_guard_recover starts MariaDB again then */
+    int fd;          /* write end of the guard process's pipe; -1: no guard process */
+    pid_t pid;
+} harness_db_guard;
+#define HARNESS_DB_GUARD_INIT {.db_stopped = false, .fd = -1, .pid = 0}
+
+/* Forks a guard process that runs `$IDEMQ_SERVICES start-mariadb` (output appended to
+ * h->dir/guard.log) once the write end of its pipe closes: at harness_db_guard_disarm (after the
+ * test restarted MariaDB, so a no-op), or when the test process dies for any reason (crash,
+ * Criterion timeout, kill). The guard leaves the test's process group and closes the test's
+ * sockets; the pipe is close-on-exec, so idemq and CLI children do not hold it. Fails the test
+ * when IDEMQ_SERVICES is not set or pipe/fork fail. */
+void harness_db_guard_arm(harness *h, harness_db_guard *g);
+
+/* Closes the pipe (the guard then runs start-mariadb) and waits for the guard; no-op when no
+ * guard is armed. */
+void harness_db_guard_disarm(harness_db_guard *g);
+
+/* For a fixture's teardown: when g->db_stopped, runs start-mariadb, clears the flag and
+ * reconnects h->db (harness_db_reconnect, 60 s); then disarms the guard. */
+void harness_db_guard_recover(harness *h, harness_db_guard *g);
+
 #endif
