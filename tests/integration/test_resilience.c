@@ -70,15 +70,6 @@ static bool dlq_full(harness *h, void *arg)
     return harness_queue_depth(h, arg) >= 200;
 }
 
-static void services(const char *args)
-{
-    const char *script = getenv("IDEMQ_SERVICES");
-    cr_assert(script, "IDEMQ_SERVICES is not set: run through scripts/test");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "\"%s\" %s >/dev/null 2>&1", script, args);
-    cr_assert(system(cmd) == 0, "`services %s` failed", args);
-}
-
 Test(resilience, sigterm_under_load_acks_in_flight_and_exits_zero, .timeout = 180)
 {
     harness h;
@@ -130,9 +121,9 @@ static void restart_mid_run(const char *name, const char *stop_args, const char 
     pid_t pid = harness_spawn(&h);
     wait_applied_at_least(&h, 300);
 
-    services(stop_args);
+    harness_services_ok(stop_args);
     if (start_args)
-        services(start_args);
+        harness_services_ok(start_args);
     /* The harness's own connection died with the broker. */
     harness_reconnect_amqp(&h, 60000);
 
@@ -154,7 +145,7 @@ static void restart_mid_run(const char *name, const char *stop_args, const char 
          * quorum queue with at-least-once dead-lettering crashes on declare (541). idemq copes
          * (it keeps retrying the declaration), but later tests need new queues: heal the node
          * with a full restart. */
-        services("restart-rabbitmq");
+        harness_services_ok("restart-rabbitmq");
         harness_reconnect_amqp(&h, 60000);
         harness_wait_quorum_ready(&h, 60000);
     }

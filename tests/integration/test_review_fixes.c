@@ -15,15 +15,6 @@
 #include "broker/connection.h"
 #include "harness.h"
 
-static void services(const char *args)
-{
-    const char *script = getenv("IDEMQ_SERVICES");
-    cr_assert(script, "IDEMQ_SERVICES is not set: run through scripts/test");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "\"%s\" %s >/dev/null 2>&1", script, args);
-    cr_assert(system(cmd) == 0, "`services %s` failed", args);
-}
-
 /* Rewrites the mysql URL's credentials in the generated config. */
 static void use_mysql_login(harness *h, const char *user, const char *password)
 {
@@ -57,9 +48,9 @@ Test(review_fixes, producer_user_id_does_not_break_the_copy, .timeout = 90)
     snprintf(user, sizeof user, "producer_%d", (int)getpid());
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rabbitmqctl add_user %s secret", user);
-    services(cmd);
+    harness_services_ok(cmd);
     snprintf(cmd, sizeof cmd, "rabbitmqctl set_permissions -p / %s '.*' '.*' '.*'", user);
-    services(cmd);
+    harness_services_ok(cmd);
     harness_declare_topology(&h);
 
     /* The producer logs in as itself and stamps user_id, as RabbitMQ allows. */
@@ -106,7 +97,7 @@ Test(review_fixes, producer_user_id_does_not_break_the_copy, .timeout = 90)
               "the producer's user_id is not kept in idemq-original-user-id");
     amqp_destroy_message(&m);
     snprintf(cmd, sizeof cmd, "rabbitmqctl delete_user %s", user);
-    services(cmd);
+    harness_services_ok(cmd);
     harness_fini(&h);
 }
 

@@ -874,3 +874,12 @@ void harness_db_guard_recover(harness *h, harness_db_guard *g)
     }
     harness_db_guard_disarm(g);
 }
+
+void harness_services_ok(const char *args)
+{
+    const char *script = getenv("IDEMQ_SERVICES");
+    cr_assert(script, "IDEMQ_SERVICES is not set: run through scripts/test");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "\"%s\" %s >/dev/null 2>&1", script, args);
+    cr_assert(system(cmd) == 0, "`services %s` failed", args);
+}

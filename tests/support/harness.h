@@ -210,4 +210,8 @@ void harness_db_guard_disarm(harness_db_guard *g);
  * reconnects h->db (harness_db_reconnect, 60 s); then disarms the guard. */
 void harness_db_guard_recover(harness *h, harness_db_guard *g);
 
+/* Runs `$IDEMQ_SERVICES ARGS` through the shell (ARGS may hold several words, e.g.
+ * "rabbitmqctl stop_app"), output discarded; fails the test unless it exits 0. */
+void harness_services_ok(const char *args);
+
 #endif
