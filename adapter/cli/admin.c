@@ -107,6 +107,13 @@ static int check_database(const config *cfg)
         rc = 1;
     } else {
         mysql_free_result(mysql_store_result(db));
+        char schema[512];
+        int schema_rc = store_dedup_schema_check(db, schema, sizeof schema);
+        if (schema_rc != 0) {
+            fprintf(stderr, "mysql   %s %s\n", schema_rc > 0 ? "WARN" : "FAIL", schema);
+            if (schema_rc < 0)
+                rc = 1;
+        }
         for (size_t i = 0; i < cfg->consumer_count && rc == 0; i++)
             rc = check_handler_schema(db, &cfg->consumers[i]);
         if (rc == 0)
@@ -163,7 +170,7 @@ int cli_migrate(const config *cfg)
         fprintf(stderr, "idemq migrate: %s\n", err);
         return 1;
     }
-    printf("msg_dedup is in place\n");
+    printf("%s\n", err);
     return 0;
 }
 

@@ -20,6 +20,20 @@ apply_status handler_apply(handler_call *call)
     return APPLY_NON_RETRYABLE;
 }
 
+apply_status handler_prepare_all(handler_call *call)
+{
+    switch (call->consumer->handler.type) {
+    case CONFIG_HANDLER_STATE_MACHINE:
+        return state_machine_prepare_all(call);
+    case CONFIG_HANDLER_SQL:
+        return sql_handler_prepare_all(call);
+    case CONFIG_HANDLER_PLUGIN:
+        return APPLY_COMMITTED;
+    }
+    snprintf(call->error, call->error_len, "unknown handler type");
+    return APPLY_NON_RETRYABLE;
+}
+
 void handler_release(const config_consumer *consumer, void *state)
 {
     if (!state)

@@ -34,15 +34,26 @@ typedef struct handler_call {
 /* Runs the consumer's handler. Never commits or rolls back. */
 apply_status handler_apply(handler_call *call);
 
+/*
+ * Prepares every statement the handler will run (into its per-connection state, as
+ * handler_apply would on first use), executing none: proof that the tables and columns it names
+ * exist and are permitted. APPLY_COMMITTED when all prepared; otherwise the classified failure
+ * with the server's message (naming the table or column) in call->error. call->env is unused.
+ * A plugin's statements are its own: nothing to prepare, APPLY_COMMITTED.
+ */
+apply_status handler_prepare_all(handler_call *call);
+
 /* Frees what handler_apply kept in state (NULL is fine). Call before closing the connection. */
 void handler_release(const config_consumer *consumer, void *state);
 
 /* The state machine handler; see state_machine.c. */
 apply_status state_machine_apply(handler_call *call);
+apply_status state_machine_prepare_all(handler_call *call);
 void state_machine_release(const config_consumer *consumer, void *state);
 
 /* The sql handler: the configured statements with :field placeholders; see sql.c. */
 apply_status sql_handler_apply(handler_call *call);
+apply_status sql_handler_prepare_all(handler_call *call);
 void sql_handler_release(const config_consumer *consumer, void *state);
 
 /* The plugin handler: calls the consumer's loaded plugin (handlers/plugin.h); see plugin.c. */

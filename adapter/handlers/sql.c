@@ -179,6 +179,21 @@ apply_status sql_handler_apply(handler_call *call)
     return APPLY_COMMITTED;
 }
 
+apply_status sql_handler_prepare_all(handler_call *call)
+{
+    sql_state *st = state_for(call);
+    if (!st) {
+        snprintf(call->error, call->error_len, "out of memory");
+        return APPLY_RETRYABLE;
+    }
+    for (size_t i = 0; i < st->stmt_count; i++) {
+        apply_status status;
+        if (!st->stmts[i] && (status = prepare(call, st, i)) != APPLY_COMMITTED)
+            return status;
+    }
+    return APPLY_COMMITTED;
+}
+
 void sql_handler_release(const config_consumer *consumer, void *state)
 {
     sql_state *st = state;

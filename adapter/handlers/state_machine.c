@@ -89,6 +89,15 @@ static state_machine_statements *statements_for(handler_call *call)
     return stmts;
 }
 
+static apply_status prepare_select_state(handler_call *call, state_machine_statements *stmts)
+{
+    const config_state_machine *sm = &call->consumer->handler.state_machine;
+    char sql[512];
+    snprintf(sql, sizeof sql, "SELECT `%s` FROM `%s` WHERE `%s` = ?", sm->state_column, sm->table,
+             sm->key_column);
+    return prepare(call, sql, &stmts->select_state);
+}
+
 static bool value_is_key(const json_t *value)
 {
     return json_is_string(value) || json_is_integer(value);
@@ -101,14 +110,8 @@ static apply_status classify_unmatched(handler_call *call, state_machine_stateme
 {
     const config_state_machine *sm = &call->consumer->handler.state_machine;
     apply_status status;
-    if (!stmts->select_state) {
-        char sql[512];
-        snprintf(sql, sizeof sql, "SELECT `%s` FROM `%s` WHERE `%s` = ?", sm->state_column,
-                 sm->table, sm->key_column);
-        status = prepare(call, sql, &stmts->select_state);
-        if (status != APPLY_COMMITTED)
-            return status;
-    }
+    if (!stmts->select_state && (status = prepare_select_state(call, stmts)) != APPLY_COMMITTED)
+        return status;
     MYSQL_STMT *stmt = stmts->select_state;
     MYSQL_BIND param;
     bind_slot param_slot = {0};
@@ -239,6 +242,30 @@ out:
     free(slots);
     free(params);
     return status;
+}
+
+apply_status state_machine_prepare_all(handler_call *call)
+{
+    const config_state_machine *sm = &call->consumer->handler.state_machine;
+    state_machine_statements *stmts = statements_for(call);
+    if (!stmts) {
+        snprintf(call->error, call->error_len, "out of memory");
+        return APPLY_RETRYABLE;
+    }
+    for (size_t i = 0; i < sm->transition_count; i++) {
+        if (stmts->updates[i])
+            continue;
+        char *sql = build_update_sql(sm, &sm->transitions[i]);
+        if (!sql) {
+            snprintf(call->error, call->error_len, "out of memory");
+            return APPLY_RETRYABLE;
+        }
+        apply_status status = prepare(call, sql, &stmts->updates[i]);
+        free(sql);
+        if (status != APPLY_COMMITTED)
+            return status;
+    }
+    return stmts->select_state ? APPLY_COMMITTED : prepare_select_state(call, stmts);
 }
 
 void state_machine_release(const config_consumer *consumer, void *state)

@@ -47,3 +47,18 @@ apply_status mysql_error_classify(unsigned int error_number)
         return APPLY_RETRYABLE;
     }
 }
+
+bool mysql_error_is_schema(unsigned int error_number)
+{
+    switch (error_number) {
+    case ER_NO_SUCH_TABLE:
+    case ER_BAD_FIELD_ERROR:
+    case ER_BAD_DB_ERROR:
+    case ER_TABLEACCESS_DENIED_ERROR:
+    case ER_DBACCESS_DENIED_ERROR:
+    case ER_ACCESS_DENIED_ERROR:
+        return true;
+    default:
+        return false;
+    }
+}

@@ -7,6 +7,8 @@
 #ifndef IDEMQ_MYSQL_ERROR_H
 #define IDEMQ_MYSQL_ERROR_H
 
+#include <stdbool.h>
+
 #include "policy/outcome.h"
 
 /*
@@ -20,5 +22,10 @@
  * ER_DUP_ENTRY is not classified here: only the dedup insert knows whether it means "duplicate".
  */
 apply_status mysql_error_classify(unsigned int error_number);
+
+/* True for the APPLY_UNAVAILABLE errors that an operator fixes in the schema or the grants (a
+ * missing table, column or database; access denied) rather than ones that pass by themselves (a
+ * lost connection, a read-only server): they are reported louder. */
+bool mysql_error_is_schema(unsigned int error_number);
 
 #endif

@@ -14,19 +14,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "handlers/handler.h"
 #include "store/dsn.h"
 #include "store/mysql_error.h"
 
-/* Kept identical to schemas/mysql/001_msg_dedup.sql (a unit test compares them). biz_key is
- * VARBINARY: utf8mb4 collations are case-insensitive and pad trailing spaces, which would make
- * distinct keys collide and silently drop a business event as a "duplicate". */
+/* Kept identical to schemas/mysql/001_msg_dedup.sql (a unit test compares them). biz_key and
+ * handler_name are VARBINARY: utf8mb4 collations are case-insensitive and pad trailing spaces,
+ * which would make distinct keys (or handlers) collide and silently drop a business event as a
+ * "duplicate". */
 const char store_dedup_ddl[] =
     "CREATE TABLE IF NOT EXISTS msg_dedup (\n"
     "  id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n"
     "  biz_key      VARBINARY(128) NOT NULL,\n"
-    "  handler_name VARCHAR(64)  NOT NULL,\n"
+    "  handler_name VARBINARY(64) NOT NULL,\n"
     "  created_at   DATETIME(3)  NOT NULL DEFAULT CURRENT_TIMESTAMP(3),\n"
     "  UNIQUE KEY uk_biz_handler (biz_key, handler_name),\n"
     "  KEY idx_created_at (created_at)\n"
@@ -34,6 +36,15 @@ const char store_dedup_ddl[] =
 
 static const char dedup_insert_sql[] =
     "INSERT INTO msg_dedup (biz_key, handler_name) VALUES (?, ?)";
+static const char dedup_lookup_sql[] =
+    "SELECT 1 FROM msg_dedup WHERE biz_key = ? AND handler_name = ?";
+
+/* A savepoint set right after the dedup insert lives exactly as long as idemq's transaction:
+ * COMMIT, ROLLBACK, an implicit commit (DDL) or the server's own rollback (deadlock, lock wait
+ * with innodb_rollback_on_timeout) all destroy it. Releasing it before COMMIT therefore proves,
+ * on MySQL and MariaDB alike, that the dedup row is still pending in the transaction that will
+ * commit the business update. Handlers must not use this name (include/idemq/plugin.h). */
+#define TXN_GUARD_SAVEPOINT "idemq_txn_guard"
 
 typedef struct store_worker {
     store_pool *pool;
@@ -123,13 +134,69 @@ MYSQL *store_connect(const config *cfg, char *err, size_t err_len)
     return connect_dsn(&dsn, err, err_len);
 }
 
-int store_migrate(MYSQL *db, char *err, size_t err_len)
+/* Until this version msg_dedup.handler_name was VARCHAR(64) utf8mb4: "Orders" and "orders "
+ * shared one dedup namespace. The upgrade is safe in place: names equal under byte comparison
+ * were already equal under the collation, so the unique key cannot gain a conflict. */
+static const char handler_name_upgrade_sql[] =
+    "ALTER TABLE msg_dedup MODIFY handler_name VARBINARY(64) NOT NULL";
+
+int store_dedup_schema_check(MYSQL *db, char *report, size_t report_len)
 {
+    if (mysql_query(db, "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+                        "DATABASE() AND TABLE_NAME = 'msg_dedup' AND COLUMN_NAME = "
+                        "'handler_name'") != 0) {
+        snprintf(report, report_len, "reading msg_dedup's columns failed: %s (error %u)",
+                 mysql_error(db), mysql_errno(db));
+        return -1;
+    }
+    MYSQL_RES *res = mysql_store_result(db);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+    int rc;
+    if (!row || !row[0]) {
+        snprintf(report, report_len, "msg_dedup has no handler_name column; run `idemq migrate`");
+        rc = -1;
+    } else if (strcasecmp(row[0], "varbinary") != 0) {
+        snprintf(report, report_len,
+                 "msg_dedup.handler_name is %s, compared by collation (case-insensitive, trailing "
+                 "spaces ignored); `idemq migrate` changes it to VARBINARY(64) in place",
+                 row[0]);
+        rc = 1;
+    } else {
+        snprintf(report, report_len, "msg_dedup is current");
+        rc = 0;
+    }
+    if (res)
+        mysql_free_result(res);
+    mysql_rollback(db);
+    return rc;
+}
+
+int store_migrate(MYSQL *db, char *report, size_t report_len)
+{
+    char state[512];
     if (mysql_query(db, store_dedup_ddl) != 0 || mysql_commit(db) != 0) {
-        snprintf(err, err_len, "creating msg_dedup failed: %s (error %u)", mysql_error(db),
+        snprintf(report, report_len, "creating msg_dedup failed: %s (error %u)", mysql_error(db),
                  mysql_errno(db));
         return -1;
     }
+    int rc = store_dedup_schema_check(db, state, sizeof state);
+    if (rc < 0) {
+        snprintf(report, report_len, "%s", state);
+        return -1;
+    }
+    if (rc == 0) {
+        snprintf(report, report_len, "msg_dedup is in place and current");
+        return 0;
+    }
+    if (mysql_query(db, handler_name_upgrade_sql) != 0) {
+        snprintf(report, report_len, "upgrading msg_dedup.handler_name failed: %s (error %u)",
+                 mysql_error(db), mysql_errno(db));
+        return -1;
+    }
+    snprintf(report, report_len,
+             "upgraded msg_dedup.handler_name to VARBINARY(64): handler names now compare byte "
+             "for byte (was: %s)",
+             state);
     return 0;
 }
 
@@ -170,6 +237,21 @@ static apply_status fail_with_db(store_worker *w, store_job *job, const char *wh
     return mysql_error_classify(job->mysql_errno);
 }
 
+/* Binds (biz_key, handler_name) as the two parameters of a dedup statement. */
+static void bind_dedup_key(MYSQL_BIND params[2], unsigned long lengths[2], const char *biz_key,
+                           const char *handler_name)
+{
+    lengths[0] = strlen(biz_key);
+    lengths[1] = strlen(handler_name);
+    memset(params, 0, 2 * sizeof *params);
+    params[0].buffer_type = MYSQL_TYPE_STRING;
+    params[0].buffer = (void *)biz_key;
+    params[0].length = &lengths[0];
+    params[1].buffer_type = MYSQL_TYPE_STRING;
+    params[1].buffer = (void *)handler_name;
+    params[1].length = &lengths[1];
+}
+
 /* Inserts the dedup row. APPLY_COMMITTED here means "inserted, go on". */
 static apply_status insert_dedup_row(store_worker *w, store_job *job, const char *handler_name)
 {
@@ -185,14 +267,8 @@ static apply_status insert_dedup_row(store_worker *w, store_job *job, const char
         }
     }
     MYSQL_BIND params[2];
-    unsigned long lengths[2] = {strlen(job->env->biz_key), strlen(handler_name)};
-    memset(params, 0, sizeof params);
-    params[0].buffer_type = MYSQL_TYPE_STRING;
-    params[0].buffer = (void *)job->env->biz_key;
-    params[0].length = &lengths[0];
-    params[1].buffer_type = MYSQL_TYPE_STRING;
-    params[1].buffer = (void *)handler_name;
-    params[1].length = &lengths[1];
+    unsigned long lengths[2];
+    bind_dedup_key(params, lengths, job->env->biz_key, handler_name);
     if (mysql_stmt_bind_param(w->dedup_insert, params) || mysql_stmt_execute(w->dedup_insert)) {
         job->mysql_errno = mysql_stmt_errno(w->dedup_insert);
         if (job->mysql_errno == ER_DUP_ENTRY)
@@ -233,24 +309,145 @@ static apply_status probe_writable(store_worker *w, store_job *job)
     return APPLY_COMMITTED;
 }
 
+/* After idemq's transaction ended behind its back and was rolled back: is the dedup row
+ * committed (1), absent (0), or unknown (-1, the connection failed)? */
+static int dedup_row_committed(store_worker *w, const char *biz_key, const char *handler_name)
+{
+    MYSQL_STMT *stmt = mysql_stmt_init(w->db);
+    MYSQL_BIND params[2];
+    unsigned long lengths[2];
+    int found = -1;
+    if (!stmt)
+        return -1;
+    bind_dedup_key(params, lengths, biz_key, handler_name);
+    if (mysql_stmt_prepare(stmt, dedup_lookup_sql, sizeof dedup_lookup_sql - 1) == 0 &&
+        mysql_stmt_bind_param(stmt, params) == 0 && mysql_stmt_execute(stmt) == 0 &&
+        mysql_stmt_store_result(stmt) == 0)
+        found = mysql_stmt_num_rows(stmt) > 0;
+    mysql_stmt_close(stmt);
+    mysql_rollback(w->db); /* the lookup opened a read transaction: autocommit is off */
+    return found;
+}
+
+/*
+ * Checks the savepoint set after the dedup insert (TXN_GUARD_SAVEPOINT). Returns status
+ * unchanged when the transaction is still idemq's; otherwise rolls back whatever runs in its
+ * place and returns the status that tells the truth, with the cause in job->error.
+ */
+static apply_status verify_transaction(store_worker *w, store_job *job, const char *handler_name,
+                                       apply_status status)
+{
+    if (mysql_query(w->db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) == 0)
+        return status;
+    unsigned int error_number = mysql_errno(w->db);
+    if (error_number != ER_SP_DOES_NOT_EXIST) {
+        job->mysql_errno = error_number;
+        snprintf(job->error, sizeof job->error, "checking the transaction: MySQL error %u: %s",
+                 error_number, mysql_error(w->db));
+        return mysql_error_classify(error_number);
+    }
+    mysql_rollback(w->db);
+    int committed = dedup_row_committed(w, job->env->biz_key, handler_name);
+    if (committed < 0) {
+        snprintf(job->error, sizeof job->error,
+                 "idemq's transaction ended during the handler, and checking the dedup row "
+                 "failed: MySQL error %u: %s",
+                 mysql_errno(w->db), mysql_error(w->db));
+        return APPLY_UNAVAILABLE;
+    }
+    if (committed) {
+        /* Something the handler ran committed the dedup row with part of the effect: a retry
+         * would be swallowed as a duplicate, so only a person can put this right. */
+        snprintf(job->error, sizeof job->error,
+                 "the handler ended idemq's transaction with a COMMIT (a CALLed procedure that "
+                 "commits, or a statement with an implicit commit such as DDL): the dedup row "
+                 "was committed with only the effect before that point; idemq rolled back the "
+                 "rest. Fix the handler (it must never commit), repair the row, and delete the "
+                 "msg_dedup row (biz_key, handler %s) before replaying",
+                 handler_name);
+        return APPLY_NON_RETRYABLE;
+    }
+    if (status == APPLY_COMMITTED || status == APPLY_STATE_NOOP) {
+        snprintf(job->error, sizeof job->error,
+                 "the handler reported success, but idemq's transaction had been rolled back "
+                 "under it (a deadlock or a lock wait timeout with innodb_rollback_on_timeout "
+                 "that the handler ignored, or a ROLLBACK in a CALLed procedure): nothing was "
+                 "committed");
+        return APPLY_RETRYABLE;
+    }
+    return status; /* rolled back and the handler already said why (e.g. 1213) */
+}
+
+/*
+ * The second half of the outage probe: every statement a message will run prepares again, from
+ * scratch (cached ones are dropped first). After a schema error (a table renamed away, a column
+ * dropped, a grant revoked) this is what proves the operator's fix, where a ping would not.
+ */
+static apply_status probe_statements(store_worker *w, store_job *job)
+{
+    const config *cfg = w->pool->cfg;
+    if (w->dedup_insert)
+        mysql_stmt_close(w->dedup_insert);
+    w->dedup_insert = mysql_stmt_init(w->db);
+    if (!w->dedup_insert)
+        return fail_with_db(w, job, "dedup insert");
+    if (mysql_stmt_prepare(w->dedup_insert, dedup_insert_sql, sizeof dedup_insert_sql - 1)) {
+        job->mysql_errno = mysql_stmt_errno(w->dedup_insert);
+        snprintf(job->error, sizeof job->error, "prepare dedup insert: MySQL error %u (%s): %s",
+                 job->mysql_errno, mysql_stmt_sqlstate(w->dedup_insert),
+                 mysql_stmt_error(w->dedup_insert));
+        mysql_stmt_close(w->dedup_insert);
+        w->dedup_insert = NULL;
+        return mysql_error_classify(job->mysql_errno);
+    }
+    for (size_t i = 0; i < cfg->consumer_count; i++) {
+        handler_release(&cfg->consumers[i], w->handler_states[i]);
+        w->handler_states[i] = NULL;
+        handler_call call = {
+            .db = w->db,
+            .consumer = &cfg->consumers[i],
+            .state = &w->handler_states[i],
+            .error = job->error,
+            .error_len = sizeof job->error,
+        };
+        apply_status status = handler_prepare_all(&call);
+        if (status != APPLY_COMMITTED) {
+            job->mysql_errno = call.mysql_errno;
+            job->consumer_index = i;
+            /* Whatever failed here, messages cannot be applied yet: keep pausing. */
+            return APPLY_UNAVAILABLE;
+        }
+    }
+    return APPLY_COMMITTED;
+}
+
 static apply_status run_transaction(store_worker *w, store_job *job)
 {
     const config_consumer *consumer = &w->pool->cfg->consumers[job->consumer_index];
     apply_status status = insert_dedup_row(w, job, consumer->handler_name);
-    if (status == APPLY_COMMITTED) {
-        handler_call call = {
-            .db = w->db,
-            .consumer = consumer,
-            .env = job->env,
-            .body = job->body,
-            .body_len = job->body_len,
-            .state = &w->handler_states[job->consumer_index],
-            .error = job->error,
-            .error_len = sizeof job->error,
-        };
-        status = handler_apply(&call);
-        job->mysql_errno = call.mysql_errno;
+    if (status != APPLY_COMMITTED) {
+        mysql_rollback(w->db);
+        return status;
     }
+    if (mysql_query(w->db, "SAVEPOINT " TXN_GUARD_SAVEPOINT) != 0) {
+        status = fail_with_db(w, job, "savepoint");
+        mysql_rollback(w->db);
+        return status;
+    }
+    handler_call call = {
+        .db = w->db,
+        .consumer = consumer,
+        .env = job->env,
+        .body = job->body,
+        .body_len = job->body_len,
+        .state = &w->handler_states[job->consumer_index],
+        .error = job->error,
+        .error_len = sizeof job->error,
+    };
+    status = handler_apply(&call);
+    job->mysql_errno = call.mysql_errno;
+    if (status != APPLY_UNAVAILABLE)
+        status = verify_transaction(w, job, consumer->handler_name, status);
     if (status == APPLY_COMMITTED || status == APPLY_STATE_NOOP) {
         /* Only a successful COMMIT makes the ack safe; a lost connection here leaves the outcome
          * unknown, and the redelivery is settled by the dedup row either way. */
@@ -269,8 +466,10 @@ static void run_job(store_worker *w, store_job *job)
     job->mysql_errno = 0;
     if (!worker_connect(w, job)) {
         job->status = APPLY_UNAVAILABLE;
-    } else if (job->kind == STORE_JOB_PING) {
+    } else if (job->kind == STORE_JOB_PING || job->kind == STORE_JOB_PROBE) {
         job->status = probe_writable(w, job);
+        if (job->status == APPLY_COMMITTED && job->kind == STORE_JOB_PROBE)
+            job->status = probe_statements(w, job);
         if (job->status == APPLY_COMMITTED)
             atomic_store(&w->pool->database_down, false);
     } else {

@@ -24,7 +24,8 @@
 
 typedef enum store_job_kind {
     STORE_JOB_APPLY = 0,  /* dedup + handler in one transaction */
-    STORE_JOB_PING,       /* connect if needed and ping: the outage probe */
+    STORE_JOB_PING,       /* connect if needed, check the server accepts writes: health */
+    STORE_JOB_PROBE,      /* PING, and every statement prepares again: the outage probe */
 } store_job_kind;
 
 typedef struct store_job store_job;
@@ -49,7 +50,7 @@ typedef struct store_pool store_pool;
 
 /*
  * Starts cfg->workers threads. cfg is borrowed and must outlive the pool. Connections are made
- * lazily, so this succeeds with the database down. Returns 0 or a negative errno-style code.
+ * lazily, so this succeeds with the database down. Returns 0, or -1 with a reason in err.
  */
 int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *err,
                    size_t err_len);
@@ -72,8 +73,13 @@ void store_pool_free(store_pool *pool);
  * connection or NULL with a reason in err. */
 struct st_mysql *store_connect(const config *cfg, char *err, size_t err_len);
 
-/* Creates msg_dedup if missing (idempotent). Returns 0 or -1 with a reason. */
-int store_migrate(struct st_mysql *db, char *err, size_t err_len);
+/* Creates msg_dedup if missing and upgrades an older layout in place (idempotent). Returns 0
+ * with what it did in report, or -1 with the reason. */
+int store_migrate(struct st_mysql *db, char *report, size_t report_len);
+
+/* Whether msg_dedup has the current layout: 0 current, 1 an older one that `idemq migrate`
+ * upgrades (report says how it differs), -1 unreadable or missing (report says why). */
+int store_dedup_schema_check(struct st_mysql *db, char *report, size_t report_len);
 
 /* The DDL store_migrate runs; schemas/mysql/001_msg_dedup.sql holds the same statement. */
 extern const char store_dedup_ddl[];

@@ -10,12 +10,15 @@
 --     "order:a1:PAY" would collide and one business event would be silently dropped as a
 --     duplicate. idemq treats biz_key as opaque bytes and limits it to 128 bytes (not
 --     characters), which VARBINARY(128) matches exactly on MySQL and MariaDB alike.
+--   * handler_name is VARBINARY(64) for the same reason: "Orders" and "orders " are two handlers.
+--     Tables made before this change are upgraded by `idemq migrate`
+--     (002_handler_name_varbinary.sql holds the same statement, for DBAs who run DDL themselves).
 --   * created_at has millisecond precision and an index, so a retention job can delete old rows
 --     in created_at order without a table scan.
 CREATE TABLE IF NOT EXISTS msg_dedup (
   id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
   biz_key      VARBINARY(128) NOT NULL,
-  handler_name VARCHAR(64)  NOT NULL,
+  handler_name VARBINARY(64) NOT NULL,
   created_at   DATETIME(3)  NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
   UNIQUE KEY uk_biz_handler (biz_key, handler_name),
   KEY idx_created_at (created_at)
