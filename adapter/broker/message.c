@@ -62,19 +62,40 @@ static int copy_properties(amqp_pool_t *pool, const amqp_basic_properties_t *src
     return 0;
 }
 
-broker_message *broker_message_new(const amqp_basic_properties_t *src, size_t body_len)
+broker_message *broker_message_new(const amqp_basic_properties_t *src, uint64_t announced_len,
+                                   size_t keep_max)
 {
     broker_message *msg = calloc(1, sizeof *msg);
     if (!msg)
         return NULL;
     init_amqp_pool(&msg->pool, 4096);
+    size_t body_len = announced_len > keep_max ? keep_max : (size_t)announced_len;
     msg->body_len = body_len;
+    msg->announced_len = announced_len;
     msg->body = malloc(body_len ? body_len : 1);
     if (!msg->body || copy_properties(&msg->pool, src, &msg->properties) != 0) {
         broker_message_free(msg);
         return NULL;
     }
     return msg;
+}
+
+bool broker_message_add_body(broker_message *msg, amqp_bytes_t fragment, bool *overrun)
+{
+    *overrun = fragment.len > msg->announced_len - msg->announced_received;
+    if (*overrun)
+        return false;
+    size_t room = msg->body_len - msg->body_received;
+    size_t kept = fragment.len < room ? fragment.len : room;
+    memcpy(msg->body + msg->body_received, fragment.bytes, kept);
+    msg->body_received += kept;
+    msg->announced_received += fragment.len;
+    return msg->announced_received == msg->announced_len;
+}
+
+bool broker_message_truncated(const broker_message *msg)
+{
+    return msg->announced_len > msg->body_len;
 }
 
 void broker_message_free(broker_message *msg)
@@ -136,7 +157,8 @@ bool message_header_bytes(const amqp_basic_properties_t *props, const char *name
 
 static bool header_is_replaced(amqp_bytes_t key)
 {
-    static const char *const prefixes[] = {"x-death", "x-first-death-", "x-last-death-", "idemq-"};
+    static const char *const prefixes[] = {"x-death", "x-first-death-", "x-last-death-",
+                                           "x-delivery-count", "idemq-"};
     for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
         size_t n = strlen(prefixes[i]);
         if (key.len >= n && memcmp(key.bytes, prefixes[i], n) == 0)
@@ -174,7 +196,7 @@ static void set_int(amqp_table_entry_t *e, const char *key, int64_t value)
 int message_copy_properties(const broker_message *msg, const copy_headers *h, amqp_pool_t *pool,
                             amqp_basic_properties_t *out)
 {
-    enum { ADDED_HEADERS = 8 };
+    enum { ADDED_HEADERS = 9 };
     *out = msg->properties;
     const amqp_table_t *orig = &msg->properties.headers;
     int orig_count = (msg->properties._flags & AMQP_BASIC_HEADERS_FLAG) ? orig->num_entries : 0;
@@ -193,6 +215,9 @@ int message_copy_properties(const broker_message *msg, const copy_headers *h, am
     set_string(&entries[n++], HEADER_QUEUE, h->queue, strlen(h->queue));
     set_int(&entries[n++], HEADER_FIRST_FAILED_AT, h->first_failed_at_ms);
     set_int(&entries[n++], HEADER_PUBLISH_SEQ, (int64_t)h->publish_seq);
+    if (h->body_truncated_from)
+        set_int(&entries[n++], HEADER_BODY_TRUNCATED,
+                h->body_truncated_from > INT64_MAX ? INT64_MAX : (int64_t)h->body_truncated_from);
     if (msg->properties._flags & AMQP_BASIC_USER_ID_FLAG) {
         entries[n].key = amqp_cstring_bytes(HEADER_ORIGINAL_USER_ID);
         entries[n].value.kind = AMQP_FIELD_KIND_UTF8;

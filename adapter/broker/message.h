@@ -24,6 +24,9 @@
 /* The producer's user_id property, which a copy cannot carry (the broker checks it against
  * idemq's login). */
 #define HEADER_ORIGINAL_USER_ID "idemq-original-user-id"
+/* Set on the DLQ copy of a body larger than amqp.max_body: the size the producer sent; the copy
+ * carries only the first max_body bytes. */
+#define HEADER_BODY_TRUNCATED "idemq-body-truncated"
 #define HEADER_ERROR_MAX 1024
 
 typedef struct broker_message {
@@ -33,13 +36,25 @@ typedef struct broker_message {
     bool redelivered;
     amqp_pool_t pool;           /* owns everything properties points to */
     amqp_basic_properties_t properties;
-    size_t body_len;
-    size_t body_received;
+    size_t body_len;            /* bytes kept in body: at most the receiver's body limit */
+    size_t body_received;       /* bytes of body filled so far */
+    uint64_t announced_len;     /* body size the content header announced (>= body_len) */
+    uint64_t announced_received;/* body bytes that arrived, kept or not */
     unsigned char *body;        /* owned */
 } broker_message;
 
-/* A new message with properties deep-copied from src (borrowed). NULL when out of memory. */
-broker_message *broker_message_new(const amqp_basic_properties_t *src, size_t body_len);
+/* A new message with properties deep-copied from src (borrowed), for a body of announced_len
+ * bytes of which at most keep_max are kept: memory is bounded before anything is allocated,
+ * whatever the content header claims. NULL when out of memory. */
+broker_message *broker_message_new(const amqp_basic_properties_t *src, uint64_t announced_len,
+                                   size_t keep_max);
+
+/* Takes one body frame: copies what fits, counts the rest. Returns true once the whole announced
+ * body has arrived; false until then, and for a fragment longer than what is left (*overrun). */
+bool broker_message_add_body(broker_message *msg, amqp_bytes_t fragment, bool *overrun);
+
+/* The body was cut to the receiver's limit (announced_len > body_len). */
+bool broker_message_truncated(const broker_message *msg);
 void broker_message_free(broker_message *msg);
 
 /* Integer header value of any AMQP integer type; returns false when absent or not an integer. */
@@ -59,6 +74,7 @@ typedef struct copy_headers {
     int64_t first_failed_at_ms;
     uint64_t publish_seq;
     const char *expiration;     /* NULL: the copy must not expire (DLQ) */
+    uint64_t body_truncated_from; /* 0, or the announced size of a body cut to max_body */
 } copy_headers;
 
 /*

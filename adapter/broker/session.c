@@ -253,7 +253,10 @@ static int handle_frame(broker_session *s, const amqp_frame_t *frame)
             return -1;
         }
         uint64_t body_size = frame->payload.properties.body_size;
-        s->assembling = broker_message_new(frame->payload.properties.decoded, (size_t)body_size);
+        /* A returned copy is only matched by its headers; a delivery keeps at most max_body
+         * bytes, so prefetch × max_body bounds what deliveries can hold. */
+        s->assembling = broker_message_new(frame->payload.properties.decoded, body_size,
+                                           s->assembling_return ? 0 : s->cfg->max_body);
         if (!s->assembling) {
             connection_lost(s, "out of memory copying a delivery");
             return -1;
@@ -265,15 +268,18 @@ static int handle_frame(broker_session *s, const amqp_frame_t *frame)
         return s->conn ? 0 : -1;
     }
     case AMQP_FRAME_BODY: {
-        amqp_bytes_t fragment = frame->payload.body_fragment;
-        broker_message *msg = s->assembling;
-        if (s->assemble != ASSEMBLE_BODY || fragment.len > msg->body_len - msg->body_received) {
+        bool overrun = false;
+        if (s->assemble != ASSEMBLE_BODY) {
             connection_lost(s, "unexpected body frame");
             return -1;
         }
-        memcpy(msg->body + msg->body_received, fragment.bytes, fragment.len);
-        msg->body_received += fragment.len;
-        if (msg->body_received == msg->body_len)
+        bool complete = broker_message_add_body(s->assembling, frame->payload.body_fragment,
+                                                &overrun);
+        if (overrun) {
+            connection_lost(s, "a body frame longer than its content header announced");
+            return -1;
+        }
+        if (complete)
             message_complete(s);
         return s->conn ? 0 : -1;
     }
@@ -476,6 +482,8 @@ int broker_publish_copy(broker_session *s, const broker_message *msg, const char
 {
     if (!s->conn)
         return -1;
+    if (msg->generation != s->generation)
+        return BROKER_E_STALE;
     pending_confirm *pc = calloc(1, sizeof *pc);
     if (!pc)
         return -1;

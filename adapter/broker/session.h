@@ -50,10 +50,14 @@ int broker_session_start(broker_session *s, char *err, size_t err_len);
 void broker_ack(broker_session *s, const broker_message *msg);
 void broker_requeue(broker_session *s, const broker_message *msg);
 
+/* broker_publish_copy: msg came on a connection that is gone (the broker redelivers it). */
+#define BROKER_E_STALE (-2)
+
 /*
  * Publishes a copy of msg (original body and properties plus headers) to exchange/routing_key.
  * Returns 0 and later runs cb(arg, confirmed) exactly once; -1 when it could not be sent (not
- * connected), and then cb never runs. headers is borrowed for the call only.
+ * connected), BROKER_E_STALE when msg's connection is gone (a copy now would duplicate the one
+ * its redelivery makes); then cb never runs. headers is borrowed for the call only.
  */
 int broker_publish_copy(broker_session *s, const broker_message *msg, const char *exchange,
                         const char *routing_key, copy_headers *headers, broker_confirm_cb cb,

@@ -4,8 +4,13 @@
  * A delivery is decoded on the loop thread (a bad body never reaches the database), applied by a
  * DB worker in one transaction, and its outcome is carried out back on the loop thread: ack after
  * the commit, or publish a retry/DLQ copy and ack only after the broker confirmed it. A database
- * outage pauses consumption (basic.cancel), requeues what comes back unavailable and probes with
- * backoff, so the retry budget is not burned on infrastructure. SIGTERM stops consuming, lets
+ * outage or a schema error pauses consumption (basic.cancel) and *holds* what comes back
+ * unavailable, unacked, until a probe proves the database accepts writes and every statement
+ * prepares again; then the held messages run first and consuming resumes. Holding instead of
+ * requeueing matters on quorum queues: every requeue spends one of the broker's delivery
+ * attempts (20 by default on RabbitMQ 4.x), and a message past the limit is dropped. A held
+ * message returns to the queue only when the connection ends (once per connection, e.g. at the
+ * broker's consumer_timeout). The retry budget is not burned on infrastructure. SIGTERM stops consuming, lets
  * in-flight work finish and be acked, then closes; a second signal exits at once (the broker
  * redelivers unacked messages and the dedup row settles them). Thread affinity: loop thread.
  */
@@ -29,6 +34,7 @@
 #include "ops/log.h"
 #include "ops/metrics.h"
 #include "policy/outcome.h"
+#include "store/mysql_error.h"
 #include "store/retention.h"
 #include "store/store.h"
 
@@ -49,6 +55,7 @@ typedef struct inflight {
     unsigned retries;           /* idemq-retries of the delivery */
     int64_t first_failed_at_ms; /* 0 when this is the first failure */
     outcome out;
+    struct inflight *held_next; /* on runner.held_* while consumption is paused */
 } inflight;
 
 struct runner {
@@ -65,6 +72,9 @@ struct runner {
     bool health_pending;
     unsigned probe_attempt;
     bool paused;
+    bool paused_for_schema;
+    char pause_reason[STORE_ERROR_MAX];
+    inflight *held_head, *held_tail; /* unacked, waiting for the database to come back */
     bool stopping;
     bool closed;
     size_t inflight;
@@ -148,16 +158,104 @@ static void on_copy_confirmed(void *arg, bool confirmed)
 
 static void start_probe(runner *r);
 
-static void pause_consuming(runner *r, const char *reason)
+/* Records why consumption is paused; a schema error outranks an outage (it needs a person). */
+static void set_pause_reason(runner *r, const store_job *job)
 {
-    if (r->paused)
+    bool schema = mysql_error_is_schema(job->mysql_errno);
+    if (r->paused_for_schema && !schema && job->mysql_errno == 0)
+        return; /* "waiting for the probe" says less than the schema error we already have */
+    r->paused_for_schema = schema;
+    snprintf(r->pause_reason, sizeof r->pause_reason, "%s",
+             job->error[0] ? job->error : "database unavailable");
+    metrics_set_pause(r->metrics, schema ? METRICS_PAUSE_SCHEMA : METRICS_PAUSE_DATABASE);
+}
+
+static void pause_consuming(runner *r, const store_job *job)
+{
+    bool was_schema = r->paused_for_schema;
+    set_pause_reason(r, job);
+    if (r->paused) {
+        if (r->paused_for_schema && !was_schema)
+            log_error(LOG_NO_CONTEXT, "schema error while paused: %s", r->pause_reason);
         return;
+    }
     r->paused = true;
-    log_error(LOG_NO_CONTEXT, "database unavailable, pausing consumption: %s", reason);
+    if (r->paused_for_schema)
+        log_error(LOG_NO_CONTEXT,
+                  "schema error, pausing consumption until every statement prepares again "
+                  "(messages are held, not requeued): %s",
+                  r->pause_reason);
+    else
+        log_error(LOG_NO_CONTEXT,
+                  "database unavailable, pausing consumption (messages are held, not requeued): "
+                  "%s",
+                  r->pause_reason);
     broker_set_consuming(r->broker, false);
     /* probe_attempt is not reset here: an outage that flaps keeps its backoff; a message that
      * commits resets it (finish). */
     start_probe(r);
+}
+
+/* Keeps f unacked until the database is back: no requeue, so no broker delivery attempt. */
+static void hold(inflight *f)
+{
+    runner *r = f->r;
+    f->held_next = NULL;
+    if (r->held_tail)
+        r->held_tail->held_next = f;
+    else
+        r->held_head = f;
+    r->held_tail = f;
+    metrics_held_add(r->metrics, f->msg->consumer_index, 1);
+}
+
+static inflight *take_held(runner *r)
+{
+    inflight *list = r->held_head;
+    r->held_head = r->held_tail = NULL;
+    for (inflight *f = list; f; f = f->held_next)
+        metrics_held_add(r->metrics, f->msg->consumer_index, -1);
+    return list;
+}
+
+static void submit(inflight *f);
+
+/* The database is back: the held messages go first, then the broker may send more. */
+static void resume_consuming(runner *r)
+{
+    r->paused = false;
+    r->paused_for_schema = false;
+    r->pause_reason[0] = '\0';
+    metrics_set_pause(r->metrics, METRICS_PAUSE_NONE);
+    inflight *f = take_held(r);
+    size_t resubmitted = 0;
+    while (f) {
+        inflight *next = f->held_next;
+        submit(f);
+        resubmitted++;
+        f = next;
+    }
+    log_info(LOG_NO_CONTEXT, "database usable again, resuming consumption (%zu held message(s) "
+             "first)", resubmitted);
+    broker_set_consuming(r->broker, true);
+}
+
+/* The connection the held messages came on is gone (the broker requeues them, one delivery
+ * attempt) or we are stopping (requeue them now: one attempt, and they are not lost). */
+static void drop_held(runner *r, bool requeue)
+{
+    inflight *f = take_held(r);
+    while (f) {
+        inflight *next = f->held_next;
+        if (requeue) {
+            broker_requeue(r->broker, f->msg);
+            count(f, OUTCOME_REQUEUED);
+            log_context ctx = context_of(f, "requeued");
+            log_warn(&ctx, "requeued a held message: shutting down while paused");
+        }
+        release(f);
+        f = next;
+    }
 }
 
 static void publish_copy(inflight *f)
@@ -172,6 +270,7 @@ static void publish_copy(inflight *f)
         .handler = c->handler_name,
         .queue = c->queue,
         .first_failed_at_ms = f->first_failed_at_ms ? f->first_failed_at_ms : now_ms(),
+        .body_truncated_from = broker_message_truncated(f->msg) ? f->msg->announced_len : 0,
     };
     if (f->out.action == OUTCOME_RETRY) {
         topology_retry_exchange(c, exchange, sizeof exchange);
@@ -182,8 +281,16 @@ static void publish_copy(inflight *f)
         topology_dead_letter_exchange(c, exchange, sizeof exchange);
         snprintf(routing_key, sizeof routing_key, "%s", c->queue);
     }
-    if (broker_publish_copy(r->broker, f->msg, exchange, routing_key, &headers,
-                            on_copy_confirmed, f) != 0) {
+    int rc = broker_publish_copy(r->broker, f->msg, exchange, routing_key, &headers,
+                                 on_copy_confirmed, f);
+    if (rc == BROKER_E_STALE) {
+        /* Its connection is gone and the broker hands the delivery out again: a copy now would
+         * be a second one for the same failure. */
+        log_context ctx = context_of(f, "abandoned");
+        log_warn(&ctx, "no %s copy: the delivery's connection closed; the broker redelivers it",
+                 f->out.action == OUTCOME_RETRY ? "retry" : "dead-letter");
+        release(f);
+    } else if (rc != 0) {
         broker_requeue(r->broker, f->msg);
         release(f);
     }
@@ -218,12 +325,10 @@ static void finish(inflight *f, apply_status status)
         publish_copy(f);
         return;
     case OUTCOME_REQUEUE:
-        log_warn(&ctx, "requeued: %s", f->job.error);
-        /* Cancel first, so the broker does not hand the message straight back to us. */
-        pause_consuming(r, f->job.error);
-        broker_requeue(r->broker, f->msg);
-        count(f, OUTCOME_REQUEUED);
-        release(f);
+        ctx.outcome = "held";
+        log_warn(&ctx, "held until the database is usable: %s", f->job.error);
+        pause_consuming(r, &f->job);
+        hold(f);
         return;
     }
 }
@@ -239,7 +344,7 @@ static void on_applied(store_job *job)
 static void on_message(void *ctx, broker_message *msg)
 {
     runner *r = ctx;
-    if (r->paused || r->stopping) {
+    if (r->stopping) {
         /* Sent before our basic.cancel reached the broker: give it back untouched. */
         broker_requeue(r->broker, msg);
         broker_message_free(msg);
@@ -262,6 +367,16 @@ static void on_message(void *ctx, broker_message *msg)
     if (message_header_int(&msg->properties, HEADER_FIRST_FAILED_AT, &header_value))
         f->first_failed_at_ms = header_value;
 
+    if (broker_message_truncated(msg)) {
+        /* Kept to max_body bytes when it arrived (session.c): the reason says what was cut. */
+        snprintf(f->job.error, sizeof f->job.error,
+                 "invalid envelope (too_large): body is %" PRIu64 " bytes, over amqp.max_body (%zu "
+                 "bytes); the dead-letter copy keeps only its first %zu bytes (header "
+                 HEADER_BODY_TRUNCATED " holds the original size)",
+                 msg->announced_len, r->cfg->max_body, msg->body_len);
+        finish(f, APPLY_NON_RETRYABLE);
+        return;
+    }
     char content_type[128] = "";
     if (msg->properties._flags & AMQP_BASIC_CONTENT_TYPE_FLAG)
         snprintf(content_type, sizeof content_type, "%.*s",
@@ -284,8 +399,17 @@ static void on_message(void *ctx, broker_message *msg)
     f->job.body = msg->body;
     f->job.body_len = msg->body_len;
     f->job.on_done = on_applied;
-    if (store_submit(r->store, &f->job) != 0) {
-        broker_requeue(r->broker, msg);
+    if (r->paused) {
+        hold(f); /* sent before our basic.cancel reached the broker */
+        return;
+    }
+    submit(f);
+}
+
+static void submit(inflight *f)
+{
+    if (store_submit(f->r->store, &f->job) != 0) {
+        broker_requeue(f->r->broker, f->msg);
         release(f);
     }
 }
@@ -300,13 +424,16 @@ static void on_probe_done(store_job *job)
         return;
     }
     if (job->status == APPLY_COMMITTED) {
-        log_info(LOG_NO_CONTEXT, "database reachable again, resuming consumption");
-        r->paused = false;
-        broker_set_consuming(r->broker, true);
+        resume_consuming(r);
         return;
     }
-    log_warn(LOG_NO_CONTEXT, "database still unavailable (probe %u): %s", r->probe_attempt,
-             job->error);
+    set_pause_reason(r, job);
+    if (r->paused_for_schema)
+        log_error(LOG_NO_CONTEXT, "schema error persists (probe %u): %s", r->probe_attempt,
+                  job->error);
+    else
+        log_warn(LOG_NO_CONTEXT, "database still unavailable (probe %u): %s", r->probe_attempt,
+                 job->error);
     start_probe(r);
 }
 
@@ -316,7 +443,7 @@ static void on_probe_timer(uv_timer_t *timer)
     if (r->stopping)
         return;
     memset(&r->probe_job, 0, sizeof r->probe_job);
-    r->probe_job.kind = STORE_JOB_PING;
+    r->probe_job.kind = STORE_JOB_PROBE;
     r->probe_job.on_done = on_probe_done;
     if (store_submit(r->store, &r->probe_job) == 0)
         r->probe_pending = true;
@@ -365,6 +492,7 @@ static void on_broker_down(void *ctx, const char *reason)
     runner *r = ctx;
     metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, false);
     log_warn(LOG_NO_CONTEXT, "RabbitMQ down (%s); unacked deliveries will be redelivered", reason);
+    drop_held(r, false);
 }
 
 static void log_summary(runner *r)
@@ -448,6 +576,7 @@ static void on_signal(uv_signal_t *handle, int signum)
     uv_timer_stop(&r->probe_timer);
     uv_timer_stop(&r->health_timer);
     broker_set_consuming(r->broker, false);
+    drop_held(r, true);
     uv_timer_start(&r->shutdown_timer, on_shutdown_timeout, r->cfg->shutdown_timeout_ms, 0);
     maybe_finish_shutdown(r);
 }
@@ -461,8 +590,11 @@ static bool is_ready(void *ctx, char *reason, size_t reason_len)
         why = "shutting down";
     else if (!r->broker || !broker_is_connected(r->broker))
         why = "not connected to RabbitMQ";
-    else if (r->paused)
-        why = "database unavailable (consumption paused)";
+    else if (r->paused) {
+        snprintf(reason, reason_len, "consumption paused: %s: %s",
+                 r->paused_for_schema ? "schema error" : "database unavailable", r->pause_reason);
+        return false;
+    }
     else if (!metrics_get_up(r->metrics, METRICS_DEP_MYSQL))
         why = "database unavailable";
     else if (!broker_is_consuming(r->broker))

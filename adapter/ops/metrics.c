@@ -21,12 +21,15 @@ typedef struct consumer_metrics {
     uint64_t observations;
     double seconds_sum;
     int64_t inflight;
+    int64_t held;
 } consumer_metrics;
 
 struct metrics {
     const config *cfg;
     consumer_metrics *consumers;
     bool up[2];
+    metrics_pause pause;
+    uint64_t schema_errors;
 };
 
 metrics *metrics_new(const config *cfg)
@@ -89,6 +92,24 @@ void metrics_set_up(metrics *m, metrics_dependency dependency, bool up)
 {
     if ((unsigned)dependency < 2)
         m->up[dependency] = up;
+}
+
+void metrics_held_add(metrics *m, size_t consumer, int delta)
+{
+    if (consumer < m->cfg->consumer_count)
+        m->consumers[consumer].held += delta;
+}
+
+void metrics_set_pause(metrics *m, metrics_pause pause)
+{
+    if (pause == METRICS_PAUSE_SCHEMA && m->pause != METRICS_PAUSE_SCHEMA)
+        m->schema_errors++;
+    m->pause = pause;
+}
+
+metrics_pause metrics_get_pause(const metrics *m)
+{
+    return m->pause;
 }
 
 uint64_t metrics_get_count(const metrics *m, size_t consumer, outcome_label label)
@@ -203,6 +224,23 @@ int metrics_render(const metrics *m, char **out, size_t *len)
         escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
         emit(&b, "idemq_inflight{queue=\"%s\"} %" PRId64 "\n", queue, m->consumers[i].inflight);
     }
+    emit(&b, "# HELP idemq_held Deliveries held unacked while consumption is paused (not "
+             "requeued: a requeue would spend a broker delivery attempt).\n"
+             "# TYPE idemq_held gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
+        emit(&b, "idemq_held{queue=\"%s\"} %" PRId64 "\n", queue, m->consumers[i].held);
+    }
+    emit(&b, "# HELP idemq_paused Whether consumption is paused, by reason: database "
+             "(unreachable or read-only) or schema (a table, column or grant is missing).\n"
+             "# TYPE idemq_paused gauge\n"
+             "idemq_paused{reason=\"database\"} %d\n"
+             "idemq_paused{reason=\"schema\"} %d\n",
+         m->pause == METRICS_PAUSE_DATABASE ? 1 : 0, m->pause == METRICS_PAUSE_SCHEMA ? 1 : 0);
+    emit(&b, "# HELP idemq_schema_errors_total Pauses caused by a schema error.\n"
+             "# TYPE idemq_schema_errors_total counter\n"
+             "idemq_schema_errors_total %" PRIu64 "\n",
+         m->schema_errors);
     emit(&b, "# HELP idemq_up Whether a dependency answers (1) or not (0).\n"
              "# TYPE idemq_up gauge\n"
              "idemq_up{dependency=\"rabbitmq\"} %d\n"
