@@ -324,7 +324,7 @@ static void finish(inflight *f, apply_status status)
                   f->job.error);
         publish_copy(f);
         return;
-    case OUTCOME_REQUEUE:
+    case OUTCOME_HOLD:
         ctx.outcome = "held";
         log_warn(&ctx, "held until the database is usable: %s", f->job.error);
         pause_consuming(r, &f->job);

@@ -20,7 +20,7 @@ outcome outcome_decide(apply_status status, unsigned retries_so_far, const confi
         break;
     case APPLY_UNAVAILABLE:
         /* Not the message's fault: the retry budget is left untouched. */
-        out.action = OUTCOME_REQUEUE;
+        out.action = OUTCOME_HOLD;
         out.label = OUTCOME_REQUEUED;
         break;
     case APPLY_RETRYABLE:

@@ -3,7 +3,8 @@
  *
  * I/O classifies, policy decides: the store reports an apply_status; outcome_decide turns it and
  * the retry count carried in the message's header into ack / retry(level, delay) / dead-letter /
- * requeue. A pure function, tested as a table. No I/O, no globals.
+ * hold (keep it unacked while the database is unusable). A pure function, tested as a table. No
+ * I/O, no globals.
  */
 #ifndef IDEMQ_OUTCOME_H
 #define IDEMQ_OUTCOME_H
@@ -25,7 +26,7 @@ typedef enum outcome_action {
     OUTCOME_ACK = 0,
     OUTCOME_RETRY,          /* publish to Q.retry for `level`, wait for the confirm, then ack */
     OUTCOME_DEAD_LETTER,    /* publish to Q.dlx, wait for the confirm, then ack */
-    OUTCOME_REQUEUE,        /* nack with requeue and pause consuming: not the message's fault */
+    OUTCOME_HOLD,           /* keep it unacked and pause consuming: not the message's fault */
 } outcome_action;
 
 /* The label counted in metrics and written in logs. */

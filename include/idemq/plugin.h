@@ -40,7 +40,12 @@
  * Transactions. exec() runs one statement on the worker's connection, inside the open
  * transaction. Statements that would end it are refused (COMMIT, ROLLBACK other than ROLLBACK TO
  * SAVEPOINT, BEGIN/START, SET, LOCK, DDL …): only SELECT, INSERT, UPDATE, DELETE, REPLACE, WITH,
- * VALUES, TABLE, DO, CALL, SAVEPOINT, RELEASE SAVEPOINT and ROLLBACK TO SAVEPOINT run. A failed
+ * VALUES, TABLE, DO, CALL, SAVEPOINT, RELEASE SAVEPOINT and ROLLBACK TO SAVEPOINT run; savepoint
+ * names beginning with idemq_ are idemq's, and a CALLed procedure must not COMMIT, ROLLBACK or run
+ * DDL either. idemq checks this rather than trusting it: it sets the savepoint idemq_txn_guard
+ * after the dedup insert and releases it before COMMIT; when the savepoint is gone, the message is
+ * not acked as processed — dead-lettered when the dedup row was committed behind idemq's back,
+ * retried when the transaction was rolled back under a handle() that returned IDEMQ_OK. A failed
  * statement is undone by the server but the transaction stays open, so a plugin may handle e.g.
  * a duplicate key and go on. Errors that end the transaction (deadlock, lost connection) are
  * remembered by the host: after one, handle()'s IDEMQ_OK is not believed — idemq retries, or

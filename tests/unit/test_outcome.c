@@ -35,8 +35,8 @@ Test(outcome, table)
         {APPLY_NON_RETRYABLE, 2, OUTCOME_DEAD_LETTER, OUTCOME_DEAD_LETTERED,
          ERROR_CLASS_NON_RETRYABLE, 2},
         /* An outage never moves a message down the ladder. */
-        {APPLY_UNAVAILABLE, 0, OUTCOME_REQUEUE, OUTCOME_REQUEUED, ERROR_CLASS_NONE, 0},
-        {APPLY_UNAVAILABLE, 6, OUTCOME_REQUEUE, OUTCOME_REQUEUED, ERROR_CLASS_NONE, 6},
+        {APPLY_UNAVAILABLE, 0, OUTCOME_HOLD, OUTCOME_REQUEUED, ERROR_CLASS_NONE, 0},
+        {APPLY_UNAVAILABLE, 6, OUTCOME_HOLD, OUTCOME_REQUEUED, ERROR_CLASS_NONE, 6},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         outcome o = outcome_decide(rows[i].status, rows[i].retries, &seed, 12345);
