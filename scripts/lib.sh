@@ -7,6 +7,13 @@
 #   IDEMQ_MYSQL_PORT          MariaDB listener on 127.0.0.1         (default 3306)
 #   IDEMQ_RABBITMQ_DIST_PORT  Erlang distribution port, 127.0.0.1   (default AMQP port + 20000)
 #   IDEMQ_RABBITMQ_NODE       RabbitMQ node name                    (default rabbit@localhost)
+#   IDEMQ_AMQP4_PORT          AMQP listener of RabbitMQ 4.x         (default 5674)
+#   IDEMQ_RABBITMQ4_DIST_PORT its Erlang distribution port          (default AMQP4 port + 20000)
+#   IDEMQ_RABBITMQ4_EPMD_PORT its own epmd, on 127.0.0.1            (default 4370)
+#   IDEMQ_RABBITMQ4_NODE      its node name                         (default rabbit4@localhost)
+#   IDEMQ_DEBIAN_MIRROR       mirror for its Debian 13 root         (default: apt's, else
+#                                                                    http://deb.debian.org/debian)
+#   IDEMQ_SKIP_BROKER4=1      scripts/services start|restart|status and scripts/test leave it out
 #   IDEMQ_START_TIMEOUT       seconds to wait for a server to be ready (default 120)
 #   IDEMQ_STATE_DIR           state folder                          (default $ROOT/.state)
 # A second, independent set of services on one machine needs distinct ports and node name.
@@ -26,6 +33,10 @@ IDEMQ_AMQP_PORT=${IDEMQ_AMQP_PORT:-5672}
 IDEMQ_MYSQL_PORT=${IDEMQ_MYSQL_PORT:-3306}
 IDEMQ_RABBITMQ_DIST_PORT=${IDEMQ_RABBITMQ_DIST_PORT:-$((IDEMQ_AMQP_PORT + 20000))}
 IDEMQ_RABBITMQ_NODE=${IDEMQ_RABBITMQ_NODE:-rabbit@localhost}
+IDEMQ_AMQP4_PORT=${IDEMQ_AMQP4_PORT:-5674}
+IDEMQ_RABBITMQ4_DIST_PORT=${IDEMQ_RABBITMQ4_DIST_PORT:-$((IDEMQ_AMQP4_PORT + 20000))}
+IDEMQ_RABBITMQ4_EPMD_PORT=${IDEMQ_RABBITMQ4_EPMD_PORT:-4370}
+IDEMQ_RABBITMQ4_NODE=${IDEMQ_RABBITMQ4_NODE:-rabbit4@localhost}
 IDEMQ_START_TIMEOUT=${IDEMQ_START_TIMEOUT:-120}
 # epmd (Erlang's port mapper, 4369) is started by the first Erlang node: keep it on loopback.
 export ERL_EPMD_ADDRESS=127.0.0.1
@@ -156,6 +167,10 @@ resolve_server_dir() {
   MARIA_DIR=$SERVER_DIR/mariadb
   MARIA_SOCKET=$MARIA_DIR/sock
   MARIA_CNF=$MARIA_DIR/my.cnf
+  # The RabbitMQ 4.x root: chrooted processes do not need to reach it through its parents, so it
+  # stays in $STATE_DIR (physical path: the broker is recognised by its /proc/PID/root).
+  R4_ROOT=$(cd "$STATE_DIR" && pwd -P)/rabbitmq4-root
+  R4_DONE=$R4_ROOT/.idemq-root-complete
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -202,3 +217,57 @@ rmqctl() { as_rabbit "$RABBIT_BIN/rabbitmqctl" -n "$IDEMQ_RABBITMQ_NODE" "$@"; }
 # MariaDB client helpers: connect as the server's root account through its unix socket.
 maria_admin() { mariadb-admin --defaults-file="$MARIA_CNF" --user=root "$@"; }
 maria_sql() { mariadb --defaults-file="$MARIA_CNF" --user=root --batch --skip-column-names "$@"; }
+
+# ---------------------------------------------------------------------------------------------
+# RabbitMQ 4.x: Debian 13's rabbitmq-server in a minimal Debian 13 root ($R4_ROOT, built by
+# scripts/services), run with chroot as that root's own rabbitmq user. Every process in it runs
+# in a private mount namespace (unshare --mount) where /proc /sys /dev /dev/pts are bound into
+# the root: the host's mount table never shows those binds, and the kernel drops them when the
+# last process of the namespace exits, so no bind can outlive the broker and an `rm -rf` of the
+# state folder can never recurse into the host's /dev.
+R4_VAR=/var/lib/rabbitmq # inside the root: HOME (Erlang cookie), mnesia, pid file
+R4_LOG=/var/log/rabbitmq # inside the root
+R4_PID_FILE=$R4_VAR/idemq.pid
+
+r4_env() {
+  R4_ENV=(
+    HOME="$R4_VAR" PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 LC_ALL=C.UTF-8
+    ERL_EPMD_PORT="$IDEMQ_RABBITMQ4_EPMD_PORT" ERL_EPMD_ADDRESS=127.0.0.1
+    ERL_CRASH_DUMP="$R4_LOG/erl_crash.dump"
+    RABBITMQ_NODENAME="$IDEMQ_RABBITMQ4_NODE"
+    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+    RABBITMQ_NODE_PORT="$IDEMQ_AMQP4_PORT"
+    RABBITMQ_DIST_PORT="$IDEMQ_RABBITMQ4_DIST_PORT"
+    RABBITMQ_CONFIG_FILE=/etc/rabbitmq/rabbitmq.conf
+    RABBITMQ_ENABLED_PLUGINS_FILE=/etc/rabbitmq/enabled_plugins
+    RABBITMQ_MNESIA_BASE="$R4_VAR/mnesia"
+    RABBITMQ_LOG_BASE="$R4_LOG"
+    RABBITMQ_PID_FILE="$R4_PID_FILE"
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+    RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  )
+}
+
+# r4_chroot_cmd: R4_CMD=(the command prefix that runs CMD ARGS... inside the root, as its
+# rabbitmq user, with a clean environment). r4_chroot CMD ARGS...: run it.
+r4_chroot_cmd() {
+  r4_env
+  # shellcheck disable=SC2016 # expanded by the inner sh
+  R4_CMD=(unshare --mount --propagation private -- /bin/sh -eu -c '
+    r=$1
+    shift
+    for d in proc sys dev dev/pts; do mount --bind "/$d" "$r/$d"; done
+    exec chroot --userspec=rabbitmq:rabbitmq "$r" "$@"' sh "$R4_ROOT"
+    /usr/bin/env -i "${R4_ENV[@]}")
+}
+r4_chroot() {
+  r4_chroot_cmd
+  "${R4_CMD[@]}" "$@"
+}
+
+# r4ctl ARGS...: rabbitmqctl against the 4.x node.
+r4ctl() {
+  is_root || die "rabbitmq4: needs root (chroot and mounts)"
+  [[ -e $R4_DONE ]] || die "rabbitmq4: no root in $R4_ROOT yet: scripts/services start-rabbitmq4"
+  r4_chroot /usr/lib/rabbitmq/bin/rabbitmqctl -n "$IDEMQ_RABBITMQ4_NODE" "$@"
+}
