@@ -369,11 +369,27 @@ static int connect_and_setup(broker_session *s, char *err, size_t err_len)
         return -1;
     s->next_publish_seq = 1;
     for (size_t i = 0; i < s->cfg->consumer_count; i++) {
-        rc = topology_declare(s->conn, &s->cfg->consumers[i], err, err_len);
+        const config_consumer *c = &s->cfg->consumers[i];
+        log_context ctx = {.queue = c->queue, .retries = -1};
+        rc = topology_declare(s->conn, c, err, err_len);
         if (rc != 0) {
             drop_connection(s, true);
             return rc == TOPOLOGY_E_BROKER ? -1 : -2;
         }
+        if (err[0])
+            log_warn(&ctx, "%s", err);
+        /* Redeliveries past a quorum work queue's delivery limit vanish: say so at every
+         * connect, since only the operator can lift the limit (a policy). */
+        char warning[TOPOLOGY_WARNING_MAX];
+        rc = topology_check_work_queue(s->conn, c, warning, sizeof warning);
+        if (rc == 1)
+            log_warn(&ctx, "%s", warning);
+        else if (rc < 0) {
+            snprintf(err, err_len, "%s", warning);
+            drop_connection(s, true);
+            return -1;
+        }
+        err[0] = '\0';
     }
     s->poll = malloc(sizeof *s->poll);
     if (!s->poll || uv_poll_init(s->loop, s->poll, amqp_get_sockfd(s->conn)) != 0) {
