@@ -235,7 +235,7 @@ static void resume_consuming(runner *r)
         resubmitted++;
         f = next;
     }
-    log_info(LOG_NO_CONTEXT, "database usable again, resuming consumption (%zu held message(s) "
+    log_info(LOG_NO_CONTEXT, "database reachable again, resuming consumption (%zu held message(s) "
              "first)", resubmitted);
     broker_set_consuming(r->broker, true);
 }

@@ -238,6 +238,17 @@ static size_t read_keyword(const char *text, size_t i, char *buf, size_t buf_len
     return i;
 }
 
+/* Whether text names idemq's own savepoint (any case): releasing it or rolling back to it would
+ * defeat the check that proves the transaction is still idemq's (store/pool.c). */
+static bool names_guard_savepoint(const char *text)
+{
+    static const char guard[] = "idemq_txn_guard";
+    for (const char *p = text; *p; p++)
+        if (strncasecmp(p, guard, sizeof guard - 1) == 0)
+            return true;
+    return false;
+}
+
 bool sql_keeps_transaction(const char *sql, char *keyword, size_t keyword_len)
 {
     static const char *const allowed[] = {
@@ -251,6 +262,11 @@ bool sql_keeps_transaction(const char *sql, char *keyword, size_t keyword_len)
         keyword[0] = '\0';
     if (!sql)
         return false;
+    if (names_guard_savepoint(sql)) {
+        if (keyword && keyword_len)
+            snprintf(keyword, keyword_len, "idemq_txn_guard");
+        return false;
+    }
     i = read_keyword(sql, skip_to_token(sql, 0), first, sizeof first);
     for (size_t k = 0; allowed[k]; k++)
         if (strcasecmp(first, allowed[k]) == 0)

@@ -184,6 +184,10 @@ Test(sql_template, statements_that_keep_the_transaction_open)
         {"RELEASE SAVEPOINT s1", true, ""},
         {"ROLLBACK TO SAVEPOINT s1", true, ""},
         {"rollback work to s1", true, ""},
+        /* idemq's own savepoint proves its transaction is intact: no handler may touch it. */
+        {"RELEASE SAVEPOINT idemq_txn_guard", false, "idemq_txn_guard"},
+        {"rollback to IDEMQ_TXN_GUARD", false, "idemq_txn_guard"},
+        {"SAVEPOINT idemq_txn_guard", false, "idemq_txn_guard"},
         {"COMMIT", false, "COMMIT"},
         {"commit work", false, "commit"},
         {"ROLLBACK", false, "ROLLBACK"},
