@@ -18,7 +18,7 @@ static void usage(FILE *out)
           "commands:\n"
           "  run -c FILE                 consume and apply messages until SIGTERM\n"
           "  check -c FILE               validate config, connect to both servers, print the plan\n"
-          "  migrate -c FILE             create msg_dedup if missing (safe to re-run)\n"
+          "  migrate -c FILE             create msg_dedup if missing, upgrade it (safe to re-run)\n"
           "  topology -c FILE [--dry-run]  declare (or only print) queues and exchanges\n"
           "  dlq list -c FILE [--queue Q] [--limit N] [--json]\n"
           "  dlq replay -c FILE [--queue Q] (--biz-key K | --all) [--limit N] [--json]\n"
@@ -28,7 +28,11 @@ static void usage(FILE *out)
           "  help config                 every configuration key (Markdown)\n"
           "\n"
           "The config file may also come from IDEMQ_CONFIG. IDEMQ_AMQP_URL and IDEMQ_MYSQL_URL\n"
-          "override the URLs in the file.\n",
+          "override the URLs in the file.\n"
+          "\n"
+          "dlq list and replay walk the whole DLQ once, putting back (republish, confirm, ack)\n"
+          "what they do not replay, so reading spends no broker delivery attempt and keeps the\n"
+          "order; --limit caps only what is printed or replayed.\n",
           out);
 }
 
