@@ -883,3 +883,313 @@ void harness_services_ok(const char *args)
     snprintf(cmd, sizeof cmd, "\"%s\" %s >/dev/null 2>&1", script, args);
     cr_assert(system(cmd) == 0, "`services %s` failed", args);
 }
+
+/* ---- added for test_schema_outage.c and test_copies.c (append-only) ------------------------- */
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+int harness_http_port(harness *h, int timeout_ms)
+{
+    static const char needle[] = "http listening on 127.0.0.1:";
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    for (;;) {
+        int port = 0;
+        FILE *f = fopen(h->log_path, "r");
+        if (f) {
+            char *line = NULL;
+            size_t cap = 0;
+            while (getline(&line, &cap, f) >= 0) {
+                const char *at = strstr(line, needle);
+                if (at)
+                    port = atoi(at + sizeof needle - 1); /* the last line wins */
+            }
+            free(line);
+            fclose(f);
+        }
+        if (port > 0)
+            return port;
+        cr_assert(harness_now_ms() < deadline, "no \"%s\" line in %s within %d ms", needle,
+                  h->log_path, timeout_ms);
+        struct timespec pause = {.tv_nsec = 20 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+int harness_http_get(int port, const char *path, char **body)
+{
+    if (body)
+        *body = NULL;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(fd >= 0, "socket: %s", strerror(errno));
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    char request[512];
+    int n = snprintf(request, sizeof request, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path);
+    if (send(fd, request, (size_t)n, MSG_NOSIGNAL) != n) {
+        close(fd);
+        return -1;
+    }
+    size_t len = 0, cap = 16384;
+    char *raw = malloc(cap);
+    cr_assert(raw);
+    int64_t deadline = harness_now_ms() + 5000;
+    for (;;) {
+        int left = (int)(deadline - harness_now_ms());
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            break;
+        if (cap - len < 4096) {
+            cap *= 2;
+            raw = realloc(raw, cap);
+            cr_assert(raw);
+        }
+        ssize_t got = recv(fd, raw + len, cap - len - 1, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break; /* the server closes after each answer (Connection: close) */
+        len += (size_t)got;
+    }
+    close(fd);
+    raw[len] = '\0';
+    int status = -1;
+    if (len >= 12 && memcmp(raw, "HTTP/1.1 ", 9) == 0)
+        status = atoi(raw + 9);
+    const char *end = strstr(raw, "\r\n\r\n");
+    if (body)
+        *body = strdup(end ? end + 4 : "");
+    free(raw);
+    return status;
+}
+
+long long harness_metric_value(const char *scrape, const char *sample)
+{
+    if (!scrape)
+        return -1;
+    size_t n = strlen(sample);
+    for (const char *line = scrape; *line;) {
+        if (strncmp(line, sample, n) == 0 && line[n] == ' ')
+            return atoll(line + n + 1);
+        const char *next = strchr(line, '\n');
+        if (!next)
+            break;
+        line = next + 1;
+    }
+    return -1;
+}
+
+/* Port of IDEMQ_TEST_AMQP_URL (amqp://user:pass@host:port/vhost); 5672 when it names none. */
+static int amqp_url_port(void)
+{
+    const char *url = required_env("IDEMQ_TEST_AMQP_URL");
+    const char *host = strchr(url, '@');
+    host = host ? host + 1 : url + strlen("amqp://");
+    const char *colon = strchr(host, ':');
+    const char *slash = strchr(host, '/');
+    if (colon && (!slash || colon < slash))
+        return atoi(colon + 1);
+    return 5672;
+}
+
+/* Socket inodes that pid holds open, into inodes[] (at most max); returns how many. */
+static size_t socket_inodes_of(pid_t pid, unsigned long *inodes, size_t max)
+{
+    char dir_path[64];
+    snprintf(dir_path, sizeof dir_path, "/proc/%d/fd", (int)pid);
+    DIR *dir = opendir(dir_path);
+    cr_assert(dir, "opendir %s: %s", dir_path, strerror(errno));
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(dir)) != NULL && n < max;) {
+        char link_path[320], target[128];
+        snprintf(link_path, sizeof link_path, "%s/%s", dir_path, e->d_name);
+        ssize_t len = readlink(link_path, target, sizeof target - 1);
+        if (len <= 0)
+            continue;
+        target[len] = '\0';
+        unsigned long inode;
+        if (sscanf(target, "socket:[%lu]", &inode) == 1)
+            inodes[n++] = inode;
+    }
+    closedir(dir);
+    return n;
+}
+
+int harness_amqp_local_port(pid_t pid)
+{
+    unsigned long inodes[256];
+    size_t count = socket_inodes_of(pid, inodes, 256);
+    int broker_port = amqp_url_port();
+    const char *tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    for (int t = 0; t < 2; t++) {
+        FILE *f = fopen(tables[t], "r");
+        if (!f)
+            continue;
+        char line[512];
+        int found = 0;
+        while (!found && fgets(line, sizeof line, f)) {
+            char local[64], remote[64];
+            unsigned st;
+            unsigned long inode;
+            /* sl local rem st tx:rx tr:when retrnsmt uid timeout inode */
+            if (sscanf(line, " %*d: %63s %63s %x %*s %*s %*s %*u %*u %lu", local, remote, &st,
+                       &inode) != 4)
+                continue;
+            const char *lp = strrchr(local, ':'), *rp = strrchr(remote, ':');
+            if (!lp || !rp || st != 0x01 /* ESTABLISHED */ ||
+                (int)strtol(rp + 1, NULL, 16) != broker_port)
+                continue;
+            for (size_t i = 0; i < count; i++)
+                if (inodes[i] == inode)
+                    found = (int)strtol(lp + 1, NULL, 16);
+        }
+        fclose(f);
+        if (found)
+            return found;
+    }
+    return 0;
+}
+
+bool harness_close_amqp_connection_of(pid_t pid, const char *reason)
+{
+    int port = harness_amqp_local_port(pid);
+    if (!port)
+        return false;
+    const char *script = getenv("IDEMQ_SERVICES");
+    cr_assert(script, "IDEMQ_SERVICES is not set: source .state/env");
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd,
+             "\"%s\" rabbitmqctl -q list_connections --no-table-headers pid name 2>/dev/null",
+             script);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen: %s", strerror(errno));
+    /* Lines "<rabbit@host.1.2.3>\t127.0.0.1:PORT -> 127.0.0.1:5672": close_connection takes the
+     * connection's pid, not its name. */
+    char line[512], conn_pid[512] = "", suffix[64];
+    snprintf(suffix, sizeof suffix, ":%d -> ", port);
+    while (fgets(line, sizeof line, p)) {
+        char *tab = strchr(line, '\t');
+        if (line[0] != '<' || !tab || !strstr(tab, suffix) || strchr(line, '\''))
+            continue;
+        *tab = '\0';
+        snprintf(conn_pid, sizeof conn_pid, "%s", line);
+    }
+    pclose(p);
+    if (!conn_pid[0])
+        return false;
+    snprintf(cmd, sizeof cmd, "rabbitmqctl close_connection '%s' '%s'", conn_pid,
+             reason ? reason : "closed by an idemq test");
+    harness_services_ok(cmd);
+    return true;
+}
+
+bool harness_broker_queue_stats(const char *queue, long *messages, long *unacked)
+{
+    const char *script = getenv("IDEMQ_SERVICES");
+    cr_assert(script, "IDEMQ_SERVICES is not set: source .state/env");
+    char cmd[600];
+    snprintf(cmd, sizeof cmd,
+             "\"%s\" rabbitmqctl -q list_queues --no-table-headers name messages "
+             "messages_unacknowledged 2>/dev/null",
+             script);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen: %s", strerror(errno));
+    char line[1024];
+    bool found = false;
+    size_t qlen = strlen(queue);
+    while (fgets(line, sizeof line, p)) {
+        long m, u;
+        if (strncmp(line, queue, qlen) == 0 && (line[qlen] == '\t' || line[qlen] == ' ') &&
+            sscanf(line + qlen, " %ld %ld", &m, &u) == 2) {
+            found = true;
+            if (messages)
+                *messages = m;
+            if (unacked)
+                *unacked = u;
+        }
+    }
+    pclose(p);
+    return found;
+}
+
+long harness_broker_messages_under(const char *prefix, int *queues)
+{
+    const char *script = getenv("IDEMQ_SERVICES");
+    cr_assert(script, "IDEMQ_SERVICES is not set: source .state/env");
+    char cmd[600];
+    snprintf(cmd, sizeof cmd,
+             "\"%s\" rabbitmqctl -q list_queues --no-table-headers name messages 2>/dev/null",
+             script);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen: %s", strerror(errno));
+    char line[1024];
+    long total = 0;
+    int n = 0;
+    size_t plen = strlen(prefix);
+    while (fgets(line, sizeof line, p)) {
+        char name[512];
+        long m;
+        if (strncmp(line, prefix, plen) == 0 && sscanf(line, "%511s %ld", name, &m) == 2) {
+            total += m;
+            n++;
+        }
+    }
+    int rc = pclose(p);
+    cr_assert(rc == 0, "`services rabbitmqctl list_queues` failed (status %d)", rc);
+    if (queues)
+        *queues = n;
+    return total;
+}
+
+/* ---- added for test_transaction_guard.c and test_migrate.c (append-only) --------------------- */
+
+MYSQL *harness_db_open(harness *h)
+{
+    return connect_database(h->database);
+}
+
+/* ---- added for tests/integration/test_dlq.c (append-only) ----------------------------------- */
+
+int harness_broker_major(harness *h)
+{
+    const amqp_table_t *props = amqp_get_server_properties(h->amqp);
+    int major = 0;
+    for (int i = 0; props && i < props->num_entries; i++) {
+        const amqp_table_entry_t *e = &props->entries[i];
+        if (e->key.len == 7 && memcmp(e->key.bytes, "version", 7) == 0 &&
+            e->value.kind == AMQP_FIELD_KIND_UTF8) {
+            char text[32];
+            snprintf(text, sizeof text, "%.*s", (int)e->value.value.bytes.len,
+                     (const char *)e->value.value.bytes.bytes);
+            major = atoi(text);
+        }
+    }
+    const char *want = getenv("IDEMQ_TEST_BROKER");
+    if (want && *want)
+        cr_assert(major >= atoi(want),
+                  "IDEMQ_TEST_BROKER=%s but the broker at IDEMQ_TEST_AMQP_URL is major version %d",
+                  want, major);
+    return major;
+}
+
+json_t *harness_output_json(const char *output)
+{
+    const char *start = output && output[0] == '{' ? output : NULL;
+    if (!start && output) {
+        start = strstr(output, "\n{");
+        if (start)
+            start++;
+    }
+    cr_assert(start, "no JSON document in the output:\n%s", output ? output : "(none)");
+    json_error_t jerr;
+    json_t *doc = json_loads(start, 0, &jerr);
+    cr_assert(doc, "the output is not JSON (%s):\n%s", jerr.text, output);
+    return doc;
+}

@@ -214,4 +214,58 @@ void harness_db_guard_recover(harness *h, harness_db_guard *g);
  * "rabbitmqctl stop_app"), output discarded; fails the test unless it exits 0. */
 void harness_services_ok(const char *args);
 
+/* ---- added for test_schema_outage.c and test_copies.c (append-only) -------------------------
+ * The ops endpoint of a running idemq, and the broker's own view of queues and connections
+ * (rabbitmqctl through $IDEMQ_SERVICES, so IDEMQ_TEST_BROKER picks the broker). */
+
+/* Waits up to timeout_ms for an "http listening on 127.0.0.1:PORT" line in h->log_path and
+ * returns the PORT of the last one (the newest idemq). Fails the test on timeout. */
+int harness_http_port(harness *h, int timeout_ms);
+
+/* GET path from 127.0.0.1:port (the daemon closes after each answer; 5 s deadline). Returns the
+ * HTTP status, or -1 when there was no answer; *body (unless body is NULL) gets the malloc'd
+ * body, "" when none (NULL only when the connection failed). */
+int harness_http_get(int port, const char *path, char **body);
+
+/* Value of the sample `sample` (e.g. "idemq_paused{reason=\"schema\"}": the name and labels as
+ * /metrics prints them) in a scrape (borrowed, may be NULL); -1 when absent. */
+long long harness_metric_value(const char *scrape, const char *sample);
+
+/* Local port of pid's established TCP connection to the AMQP port of IDEMQ_TEST_AMQP_URL
+ * (through /proc/<pid>/fd and /proc/net/tcp); 0 when it has none. */
+int harness_amqp_local_port(pid_t pid);
+
+/* Closes, with `rabbitmqctl close_connection`, only pid's AMQP connection (found by its client
+ * port in `rabbitmqctl list_connections pid name`); other tests' connections stay up. reason may
+ * be NULL. Returns false when pid has no connection the broker lists; fails the test when
+ * rabbitmqctl fails. */
+bool harness_close_amqp_connection_of(pid_t pid, const char *reason);
+
+/* The broker's counts for queue (borrowed): messages (ready + unacked) and unacked, from
+ * `rabbitmqctl list_queues`; false when the queue is not listed. */
+bool harness_broker_queue_stats(const char *queue, long *messages, long *unacked);
+
+/* Sum of `messages` (ready + unacked) over every queue whose name starts with prefix
+ * (borrowed); *queues (unless NULL) gets how many queues matched. */
+long harness_broker_messages_under(const char *prefix, int *queues);
+
+/* ---- added for test_transaction_guard.c and test_migrate.c (append-only) --------------------- */
+
+/* A second connection to h->database (autocommit on), e.g. to hold a row lock while h->db keeps
+ * polling. Returned owned: the caller mysql_close()s it. Fails the test when it cannot connect. */
+MYSQL *harness_db_open(harness *h);
+
 #endif
+
+/* ---- added for tests/integration/test_dlq.c (append-only) ----------------------------------- */
+
+/* Major version of the broker behind h->amqp, read from its server properties ("version":
+ * "4.0.5" → 4; 0 when it does not say). Independent of idemq's own parsing, so a test can check
+ * that. When IDEMQ_TEST_BROKER is set (e.g. "4"), fails the test unless the broker's major
+ * version is at least that: a suite meant for 4.x must not skip its 4.x tests silently. */
+int harness_broker_major(harness *h);
+
+/* The JSON document in CLI output that also holds stderr lines (harness_run_cli merges them):
+ * parsed from the first line that starts with '{'. Returns a new reference; fails the test when
+ * there is none or it does not parse. output is borrowed. */
+struct json_t *harness_output_json(const char *output);
