@@ -657,17 +657,22 @@ int topology_declare(amqp_connection_state_t conn, const config_consumer *c, cha
     return 0;
 }
 
-int topology_check_work_queue(amqp_connection_state_t conn, const config_consumer *c,
-                              char *warning, size_t len)
+/* Probes queue's delivery limit on RabbitMQ 4.x and, when a message returned often enough would
+ * be dropped, writes the advice for it (the work queue's or the DLQ's). Returns 1 with a
+ * warning, 0 without, TOPOLOGY_E_BROKER with the reason in warning. */
+static int check_delivery_limit(amqp_connection_state_t conn, const config_consumer *c,
+                                const char *queue, bool is_dead_letter_queue, char *warning,
+                                size_t len)
 {
     warning[0] = '\0';
     if (topology_broker_major(conn) < 4)
         return 0;
     limit_probe p;
-    probe_delivery_limit(conn, c->queue, false, &p);
+    probe_delivery_limit(conn, queue, is_dead_letter_queue, &p);
     switch (p.state) {
     case LIMIT_FAILED:
-        snprintf(warning, len, "checking work queue '%s': %s", c->queue, p.detail);
+        snprintf(warning, len, "checking %s '%s': %s",
+                 is_dead_letter_queue ? "dead-letter queue" : "work queue", queue, p.detail);
         return TOPOLOGY_E_BROKER;
     case LIMIT_MISSING:
     case LIMIT_NOT_QUORUM:
@@ -682,39 +687,25 @@ int topology_check_work_queue(amqp_connection_state_t conn, const config_consume
     }
     if (!p.vhost_known)
         learn_vhost(conn, p.vhost, sizeof p.vhost); /* for the advice */
-    work_queue_warning(c, &p, warning, len);
+    if (is_dead_letter_queue)
+        dead_letter_queue_warning(c, &p, warning, len);
+    else
+        work_queue_warning(c, &p, warning, len);
     return 1;
+}
+
+int topology_check_work_queue(amqp_connection_state_t conn, const config_consumer *c,
+                              char *warning, size_t len)
+{
+    return check_delivery_limit(conn, c, c->queue, false, warning, len);
 }
 
 int topology_check_dead_letter_queue(amqp_connection_state_t conn, const config_consumer *c,
                                      char *warning, size_t len)
 {
-    warning[0] = '\0';
-    if (topology_broker_major(conn) < 4)
-        return 0;
     char dlq[TOPOLOGY_NAME_MAX];
     topology_dead_letter_queue(c, dlq, sizeof dlq);
-    limit_probe p;
-    probe_delivery_limit(conn, dlq, true, &p);
-    switch (p.state) {
-    case LIMIT_FAILED:
-        snprintf(warning, len, "checking dead-letter queue '%s': %s", dlq, p.detail);
-        return TOPOLOGY_E_BROKER;
-    case LIMIT_MISSING:
-    case LIMIT_NOT_QUORUM:
-        return 0;
-    case LIMIT_VALUE:
-        if (p.value < 0)
-            return 0;
-        break;
-    case LIMIT_DEFAULT:
-    case LIMIT_UNKNOWN:
-        break;
-    }
-    if (!p.vhost_known)
-        learn_vhost(conn, p.vhost, sizeof p.vhost); /* for the advice */
-    dead_letter_queue_warning(c, &p, warning, len);
-    return 1;
+    return check_delivery_limit(conn, c, dlq, true, warning, len);
 }
 
 void topology_print(FILE *out, const config_consumer *c)
