@@ -41,6 +41,7 @@ struct broker_session {
     int open_handles;
     bool want_consuming;
     bool consuming;
+    uint64_t subscription;       /* bumped by every basic.consume round: see consumer_tag */
     bool draining;
     bool closing;
     unsigned reconnect_attempt;
@@ -165,18 +166,21 @@ static void message_complete(broker_session *s)
     s->cb->on_message(s->cb->ctx, msg);
 }
 
+/* Consumer tags are "idemq-<consumer index>.<subscription>" (consumer_tag). */
 static int consumer_index_of(const broker_session *s, amqp_bytes_t tag, size_t *index)
 {
     size_t prefix = sizeof CONSUMER_TAG_PREFIX - 1;
-    if (tag.len <= prefix || tag.len > prefix + 8 || memcmp(tag.bytes, CONSUMER_TAG_PREFIX, prefix))
+    if (tag.len <= prefix || tag.len > prefix + 32 || memcmp(tag.bytes, CONSUMER_TAG_PREFIX, prefix))
         return -1;
-    size_t value = 0;
-    for (size_t i = prefix; i < tag.len; i++) {
+    size_t value = 0, digits = 0, i = prefix;
+    for (; i < tag.len && ((const char *)tag.bytes)[i] != '.'; i++, digits++) {
         char c = ((const char *)tag.bytes)[i];
-        if (c < '0' || c > '9')
+        if (c < '0' || c > '9' || digits >= 8)
             return -1;
         value = value * 10 + (size_t)(c - '0');
     }
+    if (digits == 0)
+        return -1;
     if (value >= s->cfg->consumer_count)
         return -1;
     *index = value;
@@ -328,14 +332,25 @@ static void on_tick(uv_timer_t *timer)
     drain(timer->data);
 }
 
+/* Each basic.consume gets a tag of its own: RabbitMQ 3.10 quorum queues close the channel
+ * (541, rabbitmq-server#5927) when a consumer re-subscribes under the tag of a cancelled one
+ * whose deliveries are still unacked — exactly what resuming after a pause with held messages
+ * does. */
+static void consumer_tag(const broker_session *s, size_t index, char *buf, size_t len)
+{
+    snprintf(buf, len, CONSUMER_TAG_PREFIX "%zu.%llu", index, (unsigned long long)s->subscription);
+}
+
 static int apply_consuming(broker_session *s, char *err, size_t err_len)
 {
     char reason[512];
     if (s->want_consuming == s->consuming || !s->conn)
         return 0;
+    if (s->want_consuming)
+        s->subscription++;
     for (size_t i = 0; i < s->cfg->consumer_count; i++) {
-        char tag[32];
-        snprintf(tag, sizeof tag, CONSUMER_TAG_PREFIX "%zu", i);
+        char tag[48];
+        consumer_tag(s, i, tag, sizeof tag);
         if (s->want_consuming)
             amqp_basic_consume(s->conn, BROKER_CHANNEL,
                                amqp_cstring_bytes(s->cfg->consumers[i].queue),
@@ -496,10 +511,10 @@ int broker_publish_copy(broker_session *s, const broker_message *msg, const char
                         const char *routing_key, copy_headers *headers, broker_confirm_cb cb,
                         void *arg)
 {
+    if (msg->generation != s->generation)
+        return BROKER_E_STALE; /* also when not connected: the generation moved on */
     if (!s->conn)
         return -1;
-    if (msg->generation != s->generation)
-        return BROKER_E_STALE;
     pending_confirm *pc = calloc(1, sizeof *pc);
     if (!pc)
         return -1;
