@@ -16,7 +16,7 @@
  *
  * Handlers: `type` (state_machine when absent) picks the table the rest of `handler:` is checked
  * against. A sql handler's statements are parsed here, once: their `:field` placeholders follow
- * the rule in handlers/sql_template.h (a pure module), statements that would end the transaction
+ * the rule in config/sql_template.h (a pure module), statements that would end the transaction
  * are refused, and the rewritten text and parameter list are stored in the config. A plugin's
  * `config:` subtree is converted to JSON text for its init (plain scalars typed as YAML readers
  * expect: null, booleans, integers, reals; quoted scalars stay strings).
@@ -35,7 +35,7 @@
 #include <sys/stat.h>
 #include <yaml.h>
 
-#include "handlers/sql_template.h"
+#include "config/sql_template.h"
 
 /* Limits that keep a hostile or broken file from costing much memory or time. */
 #define CONFIG_MAX_FILE_BYTES (1024 * 1024)
@@ -1630,7 +1630,7 @@ static void parse_set(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base
     }
 }
 
-/* Parses one statement's placeholders into st (see handlers/sql_template.h for the rule) and
+/* Parses one statement's placeholders into st (see config/sql_template.h for the rule) and
  * refuses statements that would end the transaction. sql_node gives the line. */
 static void parse_statement_text(load_ctx *ctx, config_sql_statement *st,
                                  const yaml_node_t *sql_node, const char *path)

@@ -75,7 +75,7 @@ typedef enum config_on_mismatch {
 } config_on_mismatch;
 
 /* One statement of a sql handler. The placeholders of `sql` were parsed at load (see
- * handlers/sql_template.h for the rule): `prepared` is the text with each one replaced by '?',
+ * config/sql_template.h for the rule): `prepared` is the text with each one replaced by '?',
  * params[i] is the message field (dotted path) bound to the i-th '?'. */
 typedef struct config_sql_statement {
     char *sql;              /* as written in the file, at most 64 KiB */

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "handlers/handler.h"
-#include "handlers/sql_template.h"
+#include "config/sql_template.h"
 #include "idemq/plugin.h"
 #include "ops/log.h"
 #include "store/mysql_error.h"
