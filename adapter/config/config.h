@@ -16,6 +16,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "policy/retry.h"
+
+/* The `log.level` key. ops/log.h has the logger's own log_level in the same order (config/ does
+ * not include ops/); main passes this one to log_set_level. */
 typedef enum config_log_level {
     CONFIG_LOG_DEBUG = 0,
     CONFIG_LOG_INFO = 1,
@@ -104,19 +108,12 @@ typedef struct config_handler {
     config_plugin plugin;               /* type == CONFIG_HANDLER_PLUGIN */
 } config_handler;
 
-typedef struct config_retry {
-    unsigned max_retries;   /* 0..32, default 6 */
-    uint64_t base_ms;       /* > 0, default 1000 */
-    uint64_t jitter_ms;     /* default 1000 */
-    uint64_t max_delay_ms;  /* > 0, default 3600000 */
-} config_retry;
-
 typedef struct config_consumer {
     char *queue;
     char *handler_name;     /* the dedup column; at most 64 bytes */
     config_declare_mode declare;
     config_queue_type queue_type;
-    config_retry retry;
+    retry_policy retry;     /* max_retries 0..32 (6), base (1s), jitter (1s), max_delay (1h) */
     config_handler handler;
 } config_consumer;
 

@@ -10,7 +10,7 @@
 #define IDEMQ_OUTCOME_H
 
 #include <stdint.h>
-#include "config/config.h"
+#include "policy/retry.h"
 
 /* What applying one message found. */
 typedef enum apply_status {
@@ -63,7 +63,7 @@ typedef struct outcome {
  *   policy: borrowed retry settings of the consumer.
  *   random_bits: entropy for the jitter (the caller's RNG; tests pass fixed values).
  */
-outcome outcome_decide(apply_status status, unsigned retries_so_far, const config_retry *policy,
+outcome outcome_decide(apply_status status, unsigned retries_so_far, const retry_policy *policy,
                        uint64_t random_bits);
 
 const char *outcome_label_name(outcome_label label);
