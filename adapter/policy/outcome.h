@@ -14,7 +14,9 @@
 
 /* What applying one message found. */
 typedef enum apply_status {
-    APPLY_COMMITTED = 0,    /* dedup row and business update committed */
+    APPLY_COMMITTED = 0,    /* dedup row and business update committed. Inside the store and the
+                               handlers it also means "no failure, go on" (a step's result:
+                               prepare, dedup insert, probe) before anything is committed. */
     APPLY_DUPLICATE,        /* the unique index said this (biz_key, handler) is done */
     APPLY_STATE_NOOP,       /* state already at the target: committed as an idempotent success */
     APPLY_RETRYABLE,        /* rolled back; the same message may succeed later */
