@@ -30,7 +30,7 @@
  *   - The detail goes where the caller asks: config_load prints every problem to its `errors`
  *     stream, a check writes its reason into a caller-supplied buffer (why, err) — nothing in
  *     config/ writes to stderr or exits on its own.
- *   - config_load returns minus the number of problems it printed, so the caller can say how many.
+ *   - config_load returns minus the number of problems it found, so the caller can say how many.
  *   - Inside the loader, parse and validate functions return nothing: they report into the load
  *     context and carry on, so one run shows every mistake (table.h).
  */

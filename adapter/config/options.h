@@ -4,6 +4,7 @@
  * The small sections live here with their own rules (which URL schemes each connection takes,
  * the listen address); the consumers list has its own file (consumers.h). The walk of a file
  * starts at config_top_table, and so does the reference (reference.c). Internal to config/.
+ * Thread affinity: none (constant tables).
  */
 #ifndef IDEMQ_CONFIG_OPTIONS_H
 #define IDEMQ_CONFIG_OPTIONS_H
