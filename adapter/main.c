@@ -125,7 +125,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "idemq: %s is not valid; nothing was started\n", config_path);
         return EXIT_USAGE;
     }
-    log_set_level(cfg->log_level);
+    log_set_level((log_level)cfg->log_level); /* same order: config.h, ops/log.h */
 
     int rc;
     if (strcmp(command, "run") == 0)

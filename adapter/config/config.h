@@ -1,5 +1,5 @@
 /*
- * config — loads and validates the YAML configuration file.
+ * config — loads and validates the YAML configuration file: the public face of config/.
  *
  * The loader reads the whole file into a libyaml document (which keeps a line for every node),
  * walks it against declarative per-section tables (name, type, range, default, help) and reports
@@ -7,6 +7,32 @@
  * each with file:line, before the daemon touches the network. Environment variables
  * IDEMQ_AMQP_URL and IDEMQ_MYSQL_URL override the URLs. Thread affinity: load on the main thread;
  * the resulting config is read-only afterwards and may be shared by every thread.
+ *
+ * This header is the config struct and config_load / config_free; it includes the three other
+ * public parts: url.h (config_redact_url), units.h (config_parse_duration, config_parse_size) and
+ * reference.h (config_write_reference, behind `idemq help config`). The rest of config/ is
+ * internal to the loader, one job per file:
+ *   config.c                read the file, YAML pre-pass, load the document, walk, print problems
+ *   problems.c, text.c      collect problems with their line; echo user values safely
+ *   document.c, table.c     read the libyaml document; the option tables and their walker
+ *   options.c, consumers.c  the top-level sections; the consumers list and its cross-checks
+ *   handler.c, handler_*.c  a handler's type, then one table and validation per type
+ *   sql_template.c          the `:field` placeholder parser of sql statements (pure)
+ *   yaml_json.c             a plugin's `config:` YAML as JSON text
+ *   url.c, units.c          URL checks and redaction; durations and sizes
+ *   reference.c             the Markdown reference generated from the tables
+ * config/ includes policy/ (retry_policy) and nothing else of idemq: handlers/, store/ and ops/
+ * read the config, never the reverse.
+ *
+ * Errors, the convention of every header in config/:
+ *   - A function that can fail returns int: 0 on success, a negative value on failure; each
+ *     function says which negative values it returns (none returns an errno code).
+ *   - The detail goes where the caller asks: config_load prints every problem to its `errors`
+ *     stream, a check writes its reason into a caller-supplied buffer (why, err) — nothing in
+ *     config/ writes to stderr or exits on its own.
+ *   - config_load returns minus the number of problems it found, so the caller can say how many.
+ *   - Inside the loader, parse and validate functions return nothing: they report into the load
+ *     context and carry on, so one run shows every mistake (table.h).
  */
 #ifndef IDEMQ_CONFIG_H
 #define IDEMQ_CONFIG_H
@@ -16,6 +42,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "config/reference.h"
+#include "config/units.h"
+#include "config/url.h"
+#include "policy/retry.h"
+
+/* The `log.level` key. ops/log.h has the logger's own log_level in the same order (config/ does
+ * not include ops/); main passes this one to log_set_level. */
 typedef enum config_log_level {
     CONFIG_LOG_DEBUG = 0,
     CONFIG_LOG_INFO = 1,
@@ -75,7 +108,7 @@ typedef enum config_on_mismatch {
 } config_on_mismatch;
 
 /* One statement of a sql handler. The placeholders of `sql` were parsed at load (see
- * handlers/sql_template.h for the rule): `prepared` is the text with each one replaced by '?',
+ * config/sql_template.h for the rule): `prepared` is the text with each one replaced by '?',
  * params[i] is the message field (dotted path) bound to the i-th '?'. */
 typedef struct config_sql_statement {
     char *sql;              /* as written in the file, at most 64 KiB */
@@ -104,19 +137,12 @@ typedef struct config_handler {
     config_plugin plugin;               /* type == CONFIG_HANDLER_PLUGIN */
 } config_handler;
 
-typedef struct config_retry {
-    unsigned max_retries;   /* 0..32, default 6 */
-    uint64_t base_ms;       /* > 0, default 1000 */
-    uint64_t jitter_ms;     /* default 1000 */
-    uint64_t max_delay_ms;  /* > 0, default 3600000 */
-} config_retry;
-
 typedef struct config_consumer {
     char *queue;
     char *handler_name;     /* the dedup column; at most 64 bytes */
     config_declare_mode declare;
     config_queue_type queue_type;
-    config_retry retry;
+    retry_policy retry;     /* max_retries 0..32 (6), base (1s), jitter (1s), max_delay (1h) */
     config_handler handler;
 } config_consumer;
 
@@ -156,21 +182,5 @@ int config_load(const char *path, FILE *errors, config **out);
 
 /* Frees a config from config_load; config_free(NULL) is a no-op. */
 void config_free(config *cfg);
-
-/* Copies url into buf with any password replaced by "***", for logs and `idemq check`. */
-void config_redact_url(const char *url, char *buf, size_t buf_len);
-
-/*
- * Parses a duration such as "250ms", "30s", "5m", "2h", "30d" or a bare number of seconds.
- * Returns 0 and sets *out_ms, or -1 when malformed or overflowing.
- */
-int config_parse_duration(const char *text, uint64_t *out_ms);
-
-/* Writes the configuration reference (a Markdown table generated from the option tables) to
- * out: the README embeds it and a unit test keeps the two identical. */
-void config_write_reference(FILE *out);
-
-/* Parses a size such as "1MiB", "512KiB", "1048576". Returns 0 or -1. */
-int config_parse_size(const char *text, size_t *out_bytes);
 
 #endif

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "handlers/handler.h"
-#include "handlers/sql_template.h"
+#include "config/sql_template.h"
 #include "idemq/plugin.h"
 #include "ops/log.h"
 #include "store/mysql_error.h"
@@ -157,9 +157,9 @@ static idemq_result host_classify(unsigned int mysql_errno)
 
 static void host_log(const idemq_message *msg, idemq_log_level level, const char *text)
 {
-    static const config_log_level levels[] = {CONFIG_LOG_DEBUG, CONFIG_LOG_INFO, CONFIG_LOG_WARN,
-                                              CONFIG_LOG_ERROR};
-    config_log_level l = (unsigned)level < 4 ? levels[level] : CONFIG_LOG_ERROR;
+    static const log_level levels[] = {LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN,
+                                       LOG_LEVEL_ERROR};
+    log_level l = (unsigned)level < 4 ? levels[level] : LOG_LEVEL_ERROR;
     if (!log_enabled(l))
         return;
     if (!msg) {

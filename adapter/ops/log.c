@@ -1,5 +1,11 @@
 /*
- * log — JSON lines on stderr. See log.h. The level is an atomic so workers read it without a lock.
+ * log — JSON lines on stderr. See log.h.
+ *
+ * The level is the one process-wide setting in this module, and it stays global on purpose: every
+ * module logs, from every thread, without a handle, and threading a logger through each call
+ * would change every signature in the tree for one integer. It is written once, by main after the
+ * config is loaded and before any thread starts (log_set_level), and only read afterwards; it is
+ * an atomic so those reads are race-free without a lock. Thread affinity: any thread.
  */
 #include "ops/log.h"
 
@@ -11,16 +17,16 @@
 #include <sys/time.h>
 #include <time.h>
 
-static atomic_int current_level = CONFIG_LOG_INFO;
+static atomic_int current_level = LOG_LEVEL_INFO;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
-void log_set_level(config_log_level level)
+void log_set_level(log_level level)
 {
     atomic_store(&current_level, (int)level);
 }
 
-bool log_enabled(config_log_level level)
+bool log_enabled(log_level level)
 {
     return (int)level >= atomic_load(&current_level);
 }
@@ -35,7 +41,7 @@ static void format_timestamp(char *buf, size_t len)
     snprintf(buf + n, len - n, ".%03ldZ", (long)(now.tv_usec / 1000));
 }
 
-void log_write(config_log_level level, const log_context *ctx, const char *fmt, ...)
+void log_write(log_level level, const log_context *ctx, const char *fmt, ...)
 {
     char message[2048];
     char timestamp[40];

@@ -4,13 +4,21 @@
  * Every line carries the message context (queue, biz_key, message_id, retries) when there is one,
  * so an operator can grep a key across the retry ladder. Values are escaped by jansson; secrets are
  * never passed in (URLs go through config_redact_url first). Thread affinity: any thread; each
- * line is written with one fwrite under the stdio lock, so lines from workers never interleave.
+ * line is written under the stdio lock (flockfile), so lines from workers never interleave.
  */
 #ifndef IDEMQ_LOG_H
 #define IDEMQ_LOG_H
 
 #include <stdbool.h>
-#include "config/config.h"
+
+/* Lowest to highest; config/ has its own enum for the `log.level` key, in the same order, and
+ * main maps one onto the other. */
+typedef enum log_level {
+    LOG_LEVEL_DEBUG = 0,
+    LOG_LEVEL_INFO = 1,
+    LOG_LEVEL_WARN = 2,
+    LOG_LEVEL_ERROR = 3,
+} log_level;
 
 /* Context of the message a line is about; every pointer is borrowed and may be NULL. */
 typedef struct log_context {
@@ -23,20 +31,25 @@ typedef struct log_context {
 
 #define LOG_NO_CONTEXT ((const log_context *)0)
 
-void log_set_level(config_log_level level);
-bool log_enabled(config_log_level level);
+/* Sets the lowest level written (LOG_LEVEL_INFO until then). Call it once, from main, before any
+ * thread starts; see log.c for why this one setting is process-wide. */
+void log_set_level(log_level level);
 
-/* Writes {"ts":…,"level":…,"msg":…, context…} when level is enabled. fmt is printf-style. */
-void log_write(config_log_level level, const log_context *ctx, const char *fmt, ...)
+/* Whether a line at level would be written: check it before formatting (redis serverLog). */
+bool log_enabled(log_level level);
+
+/* Writes {"ts":…,"level":…,"msg":…, context…}. It does not check the level: callers check
+ * log_enabled first (the log_* macros below do). fmt is printf-style. */
+void log_write(log_level level, const log_context *ctx, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 #define log_debug(ctx, ...) \
-    do { if (log_enabled(CONFIG_LOG_DEBUG)) log_write(CONFIG_LOG_DEBUG, ctx, __VA_ARGS__); } while (0)
+    do { if (log_enabled(LOG_LEVEL_DEBUG)) log_write(LOG_LEVEL_DEBUG, ctx, __VA_ARGS__); } while (0)
 #define log_info(ctx, ...) \
-    do { if (log_enabled(CONFIG_LOG_INFO)) log_write(CONFIG_LOG_INFO, ctx, __VA_ARGS__); } while (0)
+    do { if (log_enabled(LOG_LEVEL_INFO)) log_write(LOG_LEVEL_INFO, ctx, __VA_ARGS__); } while (0)
 #define log_warn(ctx, ...) \
-    do { if (log_enabled(CONFIG_LOG_WARN)) log_write(CONFIG_LOG_WARN, ctx, __VA_ARGS__); } while (0)
+    do { if (log_enabled(LOG_LEVEL_WARN)) log_write(LOG_LEVEL_WARN, ctx, __VA_ARGS__); } while (0)
 #define log_error(ctx, ...) \
-    do { if (log_enabled(CONFIG_LOG_ERROR)) log_write(CONFIG_LOG_ERROR, ctx, __VA_ARGS__); } while (0)
+    do { if (log_enabled(LOG_LEVEL_ERROR)) log_write(LOG_LEVEL_ERROR, ctx, __VA_ARGS__); } while (0)
 
 #endif

@@ -4,7 +4,7 @@
 #include "policy/outcome.h"
 #include "policy/retry.h"
 
-outcome outcome_decide(apply_status status, unsigned retries_so_far, const config_retry *policy,
+outcome outcome_decide(apply_status status, unsigned retries_so_far, const retry_policy *policy,
                        uint64_t random_bits)
 {
     outcome out = {.action = OUTCOME_ACK, .retries = retries_so_far};

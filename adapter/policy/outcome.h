@@ -10,11 +10,13 @@
 #define IDEMQ_OUTCOME_H
 
 #include <stdint.h>
-#include "config/config.h"
+#include "policy/retry.h"
 
 /* What applying one message found. */
 typedef enum apply_status {
-    APPLY_COMMITTED = 0,    /* dedup row and business update committed */
+    APPLY_COMMITTED = 0,    /* dedup row and business update committed. Inside the store and the
+                               handlers it also means "no failure, go on" (a step's result:
+                               prepare, dedup insert, probe) before anything is committed. */
     APPLY_DUPLICATE,        /* the unique index said this (biz_key, handler) is done */
     APPLY_STATE_NOOP,       /* state already at the target: committed as an idempotent success */
     APPLY_RETRYABLE,        /* rolled back; the same message may succeed later */
@@ -63,7 +65,7 @@ typedef struct outcome {
  *   policy: borrowed retry settings of the consumer.
  *   random_bits: entropy for the jitter (the caller's RNG; tests pass fixed values).
  */
-outcome outcome_decide(apply_status status, unsigned retries_so_far, const config_retry *policy,
+outcome outcome_decide(apply_status status, unsigned retries_so_far, const retry_policy *policy,
                        uint64_t random_bits);
 
 const char *outcome_label_name(outcome_label label);

@@ -3,7 +3,7 @@
  */
 #include "policy/retry.h"
 
-uint64_t retry_base_delay_ms(const config_retry *policy, unsigned level)
+uint64_t retry_base_delay_ms(const retry_policy *policy, unsigned level)
 {
     if (level == 0)
         return 0;
@@ -13,7 +13,7 @@ uint64_t retry_base_delay_ms(const config_retry *policy, unsigned level)
     return delay < policy->max_delay_ms ? delay : policy->max_delay_ms;
 }
 
-uint64_t retry_delay_ms(const config_retry *policy, unsigned level, uint64_t random_bits)
+uint64_t retry_delay_ms(const retry_policy *policy, unsigned level, uint64_t random_bits)
 {
     uint64_t jitter = 0;
     if (policy->jitter_ms > 0)
@@ -23,7 +23,7 @@ uint64_t retry_delay_ms(const config_retry *policy, unsigned level, uint64_t ran
     return base > UINT64_MAX - jitter ? UINT64_MAX : base + jitter;
 }
 
-uint64_t retry_queue_ttl_ms(const config_retry *policy, unsigned level)
+uint64_t retry_queue_ttl_ms(const retry_policy *policy, unsigned level)
 {
     uint64_t base = retry_base_delay_ms(policy, level);
     return base > UINT64_MAX - policy->jitter_ms ? UINT64_MAX : base + policy->jitter_ms;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "ops/log.h"
 
 #ifndef IDEMQ_SOURCE_DIR
 #define IDEMQ_SOURCE_DIR "."
@@ -1517,4 +1518,14 @@ Test(config, shipped_handlers_example_loads)
     cr_assert_eq(plugin->type, CONFIG_HANDLER_PLUGIN);
     cr_assert_str_eq(plugin->plugin.config_json, "{\"fail_first_n\":0}");
     result_free(&r);
+}
+
+/* main passes cfg->log_level to log_set_level as it is: config/ may not include ops/, so the two
+ * enums are kept in the same order, and this test fails when they drift apart. */
+Test(config, log_levels_line_up_with_the_logger)
+{
+    cr_assert_eq((int)CONFIG_LOG_DEBUG, (int)LOG_LEVEL_DEBUG);
+    cr_assert_eq((int)CONFIG_LOG_INFO, (int)LOG_LEVEL_INFO);
+    cr_assert_eq((int)CONFIG_LOG_WARN, (int)LOG_LEVEL_WARN);
+    cr_assert_eq((int)CONFIG_LOG_ERROR, (int)LOG_LEVEL_ERROR);
 }

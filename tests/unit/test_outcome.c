@@ -7,7 +7,7 @@
 #include "policy/outcome.h"
 #include "policy/retry.h"
 
-static const config_retry seed = {.max_retries = 6, .base_ms = 1000, .jitter_ms = 1000,
+static const retry_policy seed = {.max_retries = 6, .base_ms = 1000, .jitter_ms = 1000,
                                   .max_delay_ms = 3600000};
 
 Test(outcome, table)
@@ -51,7 +51,7 @@ Test(outcome, table)
 
 Test(outcome, zero_retries_dead_letters_at_once)
 {
-    config_retry none = seed;
+    retry_policy none = seed;
     none.max_retries = 0;
     outcome o = outcome_decide(APPLY_RETRYABLE, 0, &none, 1);
     cr_expect_eq(o.action, OUTCOME_DEAD_LETTER);
@@ -90,13 +90,13 @@ Test(retry, jitter_spreads_over_the_whole_span)
 
 Test(retry, capped_by_max_delay_and_never_overflows)
 {
-    config_retry capped = {.max_retries = 32, .base_ms = 1000, .jitter_ms = 500,
+    retry_policy capped = {.max_retries = 32, .base_ms = 1000, .jitter_ms = 500,
                            .max_delay_ms = 10000};
     cr_expect_eq(retry_base_delay_ms(&capped, 4), 8000);
     cr_expect_eq(retry_base_delay_ms(&capped, 5), 10000);
     cr_expect_eq(retry_base_delay_ms(&capped, 32), 10000);
     cr_expect_eq(retry_queue_ttl_ms(&capped, 32), 10500);
-    config_retry huge = {.max_retries = 32, .base_ms = UINT64_MAX / 4, .jitter_ms = UINT64_MAX,
+    retry_policy huge = {.max_retries = 32, .base_ms = UINT64_MAX / 4, .jitter_ms = UINT64_MAX,
                          .max_delay_ms = UINT64_MAX};
     cr_expect_eq(retry_base_delay_ms(&huge, 32), UINT64_MAX);
     cr_expect_eq(retry_delay_ms(&huge, 32, 77), UINT64_MAX);

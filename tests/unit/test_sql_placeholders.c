@@ -1,5 +1,5 @@
 /*
- * Unit tests for adapter/handlers/sql_template: the `:field` placeholder rule of the sql handler
+ * Unit tests for adapter/config/sql_template: the `:field` placeholder rule of the sql handler
  * (rewritten text, parameter order, what is not a placeholder, every error with its position)
  * and the statement allowlist that keeps idemq's transaction open.
  */
@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "handlers/sql_template.h"
+#include "config/sql_template.h"
 
 typedef struct parse_case {
     const char *in;

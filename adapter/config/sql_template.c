@@ -5,7 +5,7 @@
  * are copied verbatim, placeholders are replaced by '?', everything else is copied. Output is
  * never longer than the input, so one allocation of strlen + 1 holds it.
  */
-#include "handlers/sql_template.h"
+#include "config/sql_template.h"
 
 #include <stdarg.h>
 #include <stdio.h>

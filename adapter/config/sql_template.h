@@ -25,6 +25,13 @@
  *     with the named ones.
  *   - An unterminated string, identifier or comment is an error.
  *
+ * It lives in config/ because it is the loader's parser of sql handler statements: the config
+ * stores the rewritten text and the parameter list, and handlers/ only read them (handlers/ may
+ * include config/, never the reverse). The plugin host reuses sql_keeps_transaction.
+ *
+ * Errors: sql_template_parse returns 0, or -1 with the reason in the caller's err buffer (the
+ * convention of config/, see config.h).
+ *
  * Pure: no I/O, no mysql.h. Thread affinity: none.
  */
 #ifndef IDEMQ_SQL_TEMPLATE_H

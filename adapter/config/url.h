@@ -1,0 +1,32 @@
+/*
+ * url — connection URLs and listen addresses: their shape, and redacting their passwords.
+ *
+ * Only what the loader needs is checked: the scheme, a host (or, for MySQL, a ?socket=), a port
+ * in range, no spaces or control bytes; the client libraries parse the rest when they connect.
+ * Redaction replaces the password of the user-info part and of any password= query parameter
+ * with "***"; every URL that reaches a log line or a message goes through it, including the
+ * loader's own messages about a bad URL. config_redact_url is part of config.h's API. Pure;
+ * thread affinity: none.
+ *
+ * Errors: the checks return 0, or -1 with a reason (never a password) in the caller's why buffer.
+ */
+#ifndef IDEMQ_CONFIG_URL_H
+#define IDEMQ_CONFIG_URL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Copies url into buf with any password replaced by "***", for logs and `idemq check`. NULL url
+ * gives ""; buf_len 0 writes nothing. */
+void config_redact_url(const char *url, char *buf, size_t buf_len);
+
+/* Checks text against SCHEME://[user[:password]@]host[:port][/...]. schemes: NULL-terminated
+ * list of accepted schemes, named by expect in the message ("amqp:// or amqps://"); socket_ok
+ * accepts an empty host when a socket= parameter is given. */
+int config_check_url(const char *text, const char *const *schemes, const char *expect,
+                     bool socket_ok, char *why, size_t why_len);
+
+/* Checks a listen address HOST:PORT (host may be "[v6]"; port 0 asks the kernel for one). */
+int config_check_listen(const char *text, char *why, size_t why_len);
+
+#endif
