@@ -30,7 +30,7 @@
 #include "broker/topology.h"
 #include "envelope/envelope.h"
 #include "handlers/plugin.h"
-#include "ops/http.h"
+#include "ops/http_server.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
 #include "policy/outcome.h"
