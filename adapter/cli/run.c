@@ -151,7 +151,7 @@ static void on_copy_confirmed(void *arg, bool confirmed)
         log_context ctx = context_of(f, "requeued");
         log_warn(&ctx, "broker did not confirm the %s copy; requeueing the original",
                  f->out.action == OUTCOME_RETRY ? "retry" : "dead-letter");
-        broker_requeue(r->broker, f->msg);
+        broker_nack_requeue(r->broker, f->msg);
     }
     release(f);
 }
@@ -248,7 +248,7 @@ static void drop_held(runner *r, bool requeue)
     while (f) {
         inflight *next = f->held_next;
         if (requeue) {
-            broker_requeue(r->broker, f->msg);
+            broker_nack_requeue(r->broker, f->msg);
             count(f, OUTCOME_REQUEUED);
             log_context ctx = context_of(f, "requeued");
             log_warn(&ctx, "requeued a held message: shutting down while paused");
@@ -291,7 +291,7 @@ static void publish_copy(inflight *f)
                  f->out.action == OUTCOME_RETRY ? "retry" : "dead-letter");
         release(f);
     } else if (rc != 0) {
-        broker_requeue(r->broker, f->msg);
+        broker_nack_requeue(r->broker, f->msg);
         release(f);
     }
 }
@@ -346,13 +346,13 @@ static void on_message(void *ctx, broker_message *msg)
     runner *r = ctx;
     if (r->stopping) {
         /* Sent before our basic.cancel reached the broker: give it back untouched. */
-        broker_requeue(r->broker, msg);
+        broker_nack_requeue(r->broker, msg);
         broker_message_free(msg);
         return;
     }
     inflight *f = calloc(1, sizeof *f);
     if (!f) {
-        broker_requeue(r->broker, msg);
+        broker_nack_requeue(r->broker, msg);
         broker_message_free(msg);
         return;
     }
@@ -409,7 +409,7 @@ static void on_message(void *ctx, broker_message *msg)
 static void submit(inflight *f)
 {
     if (store_submit(f->r->store, &f->job) != 0) {
-        broker_requeue(f->r->broker, f->msg);
+        broker_nack_requeue(f->r->broker, f->msg);
         release(f);
     }
 }
@@ -636,7 +636,6 @@ static int run_consumers(const config *cfg)
     r->cfg = cfg;
     r->rng = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
     signal(SIGPIPE, SIG_IGN); /* a scraper resetting mid-response must not kill us (http.h) */
-    srand((unsigned)next_random(r));
     r->callbacks = (broker_session_callbacks){
         .ctx = r, .on_message = on_message, .on_up = on_broker_up, .on_down = on_broker_down};
 
@@ -663,7 +662,7 @@ static int run_consumers(const config *cfg)
     metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, rc == 0);
     if (rc != 0) {
         log_error(LOG_NO_CONTEXT, "%s", err);
-        exit_code = rc == -2 ? EXIT_USAGE : 1;
+        exit_code = rc == BROKER_E_REFUSED ? EXIT_USAGE : 1;
         r->stopping = true;
         close_everything(r);
         uv_run(loop, UV_RUN_DEFAULT);
