@@ -10,6 +10,22 @@
 #include <string.h>
 #include <sys/time.h>
 
+const char *broker_describe_method(const amqp_method_t *method, char *buf, size_t len)
+{
+    if (method->id == AMQP_CONNECTION_CLOSE_METHOD) {
+        const amqp_connection_close_t *m = method->decoded;
+        snprintf(buf, len, "connection closed by broker: %u %.*s", m->reply_code,
+                 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    } else if (method->id == AMQP_CHANNEL_CLOSE_METHOD) {
+        const amqp_channel_close_t *m = method->decoded;
+        snprintf(buf, len, "channel closed by broker: %u %.*s", m->reply_code,
+                 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    } else {
+        snprintf(buf, len, "unexpected broker method 0x%08X", method->id);
+    }
+    return buf;
+}
+
 const char *broker_describe_reply(amqp_rpc_reply_t reply, char *buf, size_t len)
 {
     switch (reply.reply_type) {
@@ -23,17 +39,7 @@ const char *broker_describe_reply(amqp_rpc_reply_t reply, char *buf, size_t len)
         snprintf(buf, len, "%s", amqp_error_string2(reply.library_error));
         break;
     case AMQP_RESPONSE_SERVER_EXCEPTION:
-        if (reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-            const amqp_connection_close_t *m = reply.reply.decoded;
-            snprintf(buf, len, "connection closed by broker: %u %.*s", m->reply_code,
-                     (int)m->reply_text.len, (const char *)m->reply_text.bytes);
-        } else if (reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
-            const amqp_channel_close_t *m = reply.reply.decoded;
-            snprintf(buf, len, "channel closed by broker: %u %.*s", m->reply_code,
-                     (int)m->reply_text.len, (const char *)m->reply_text.bytes);
-        } else {
-            snprintf(buf, len, "unexpected broker method 0x%08X", reply.reply.id);
-        }
+        broker_describe_method(&reply.reply, buf, len);
         break;
     }
     return buf;
@@ -44,12 +50,12 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
 {
     struct amqp_connection_info info;
     char reason[512];
-    int rc = -1;
+    int rc = BROKER_E_FAILED;
     char *url = strdup(opts->url);
     amqp_connection_state_t conn = NULL;
     if (!url) {
         snprintf(err, err_len, "out of memory");
-        return -1;
+        return BROKER_E_FAILED;
     }
     if (amqp_parse_url(url, &info) != AMQP_STATUS_OK) {
         snprintf(err, err_len, "amqp url is malformed (expected amqp://user:pass@host:port/vhost)");
@@ -83,7 +89,7 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
         broker_describe_reply(reply, reason, sizeof reason);
         snprintf(err, err_len, "RabbitMQ at %s:%d refused login as '%s' to vhost '%s': %s",
                  info.host, info.port, info.user, info.vhost, reason);
-        rc = -2;
+        rc = BROKER_E_REFUSED;
         goto out;
     }
     amqp_channel_open(conn, BROKER_CHANNEL);
@@ -126,9 +132,9 @@ int broker_reopen_channel(amqp_connection_state_t conn)
     amqp_channel_close_ok_t close_ok;
     if (amqp_send_method(conn, BROKER_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok) !=
         AMQP_STATUS_OK)
-        return -1;
+        return BROKER_E_FAILED;
     amqp_channel_open(conn, BROKER_CHANNEL);
-    return amqp_get_rpc_reply(conn).reply_type == AMQP_RESPONSE_NORMAL ? 0 : -1;
+    return amqp_get_rpc_reply(conn).reply_type == AMQP_RESPONSE_NORMAL ? 0 : BROKER_E_FAILED;
 }
 
 void broker_close(amqp_connection_state_t conn)

@@ -2,8 +2,13 @@
  * connection — opens and closes one AMQP connection with one channel (rabbitmq-c).
  *
  * Blocking calls bounded by timeouts (socket open, handshake, RPCs), used at startup, on
- * reconnect and by the one-shot CLI commands. Thread affinity: the thread that owns the
- * connection (the loop thread in `idemq run`).
+ * reconnect and by the one-shot CLI commands. Also the text of the broker's close replies, for
+ * every error message that quotes one. Thread affinity: the thread that owns the connection
+ * (the loop thread in `idemq run`).
+ *
+ * Errors, for every broker/ header but topology.h: a function returns 0 or one of the negative
+ * BROKER_E_* codes below, with the detail (never a password) in the caller's err buffer when it
+ * takes one.
  */
 #ifndef IDEMQ_BROKER_CONNECTION_H
 #define IDEMQ_BROKER_CONNECTION_H
@@ -14,6 +19,14 @@
 
 #define BROKER_CHANNEL 1
 
+/* A network, protocol or resource failure: trying again may help. */
+#define BROKER_E_FAILED (-1)
+/* The broker refused what the configuration asks (credentials, vhost, topology): a person has to
+ * act. */
+#define BROKER_E_REFUSED (-2)
+/* The delivery came on a connection that is gone. */
+#define BROKER_E_STALE (-3)
+
 typedef struct broker_open_options {
     const char *url;            /* amqp[s]://user:pass@host:port/vhost; borrowed */
     uint64_t heartbeat_ms;      /* 0 disables heartbeats */
@@ -21,18 +34,26 @@ typedef struct broker_open_options {
     int confirms;               /* non-zero: confirm.select on the channel */
 } broker_open_options;
 
-/* Opens a connection and channel BROKER_CHANNEL. Returns 0 and sets *out, or -1 with a reason in
- * err (never the password); -2 when the broker refused the credentials or vhost. */
+/* Opens a connection and channel BROKER_CHANNEL. Returns 0 and sets *out (returned owned), or
+ * BROKER_E_FAILED with a reason in err; BROKER_E_REFUSED when the broker refused the credentials
+ * or vhost. */
 int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, char *err,
                 size_t err_len);
 
 /* Closes the channel and connection politely when possible, then frees it. NULL is a no-op. */
 void broker_close(amqp_connection_state_t conn);
 
-/* Describes an RPC reply (library error, connection.close or channel.close) into buf. */
+/* Describes an RPC reply (library error, connection.close or channel.close) into buf. Returns
+ * buf. */
 const char *broker_describe_reply(amqp_rpc_reply_t reply, char *buf, size_t len);
 
-/* After a server channel.close: acknowledges it and reopens BROKER_CHANNEL. Returns 0 or -1. */
+/* Describes a method the broker sent instead of a reply: "connection closed by broker: 320 …",
+ * "channel closed by broker: 404 …", or its id for anything else. method is borrowed. Returns
+ * buf. */
+const char *broker_describe_method(const amqp_method_t *method, char *buf, size_t len);
+
+/* After a server channel.close: acknowledges it and reopens BROKER_CHANNEL. Returns 0 or
+ * BROKER_E_FAILED. */
 int broker_reopen_channel(amqp_connection_state_t conn);
 
 #endif

@@ -3,6 +3,8 @@
  */
 #include "broker/message.h"
 
+#include "broker/connection.h"
+
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +205,7 @@ int message_copy_properties(const broker_message *msg, const copy_headers *h, am
     amqp_table_entry_t *entries =
         amqp_pool_alloc(pool, sizeof *entries * (size_t)(orig_count + ADDED_HEADERS));
     if (!entries)
-        return -1;
+        return BROKER_E_FAILED;
     int n = 0;
     for (int i = 0; i < orig_count; i++)
         if (!header_is_replaced(orig->entries[i].key))
@@ -252,7 +254,7 @@ int message_strip_properties(const amqp_basic_properties_t *props, amqp_pool_t *
     int count = props->headers.num_entries;
     amqp_table_entry_t *entries = amqp_pool_alloc(pool, sizeof *entries * (size_t)(count + 1));
     if (!entries)
-        return -1;
+        return BROKER_E_FAILED;
     int n = 0;
     for (int i = 0; i < count; i++)
         if (!header_is_replaced(props->headers.entries[i].key))

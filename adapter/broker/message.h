@@ -3,8 +3,12 @@
  *
  * rabbitmq-c's decoded frames die at amqp_maybe_release_buffers, so a delivery's properties live
  * in the message's own amqp_pool_t and its body in one malloc'd buffer. Retry and DLQ copies are
- * built from these untouched originals (DESIGN.md invariant 5). Thread affinity: one owner at a
- * time (the loop thread builds and frees messages).
+ * built from these untouched originals: a copy never changes the body.
+ *
+ * Errors: int functions return 0 or BROKER_E_FAILED (connection.h: out of memory); a constructor
+ * returns NULL when out of memory; header lookups return false when the header is absent.
+ *
+ * Thread affinity: one owner at a time (the loop thread builds and frees messages).
  */
 #ifndef IDEMQ_BROKER_MESSAGE_H
 #define IDEMQ_BROKER_MESSAGE_H
@@ -81,7 +85,8 @@ typedef struct copy_headers {
  * Fills out with the original properties plus the copy headers. Broker-added x-death /
  * x-first-death-* / x-last-death-* and old idemq-* headers are dropped; the copy is persistent;
  * user_id moves to the idemq-original-user-id header.
- * Allocations come from pool (borrowed, caller releases). Returns 0 or -1 (out of memory).
+ * Allocations come from pool (borrowed, caller releases). Returns 0 or BROKER_E_FAILED (out of
+ * memory).
  */
 int message_copy_properties(const broker_message *msg, const copy_headers *headers,
                             amqp_pool_t *pool, amqp_basic_properties_t *out);
@@ -89,7 +94,7 @@ int message_copy_properties(const broker_message *msg, const copy_headers *heade
 /*
  * Fills out with props minus every header idemq or the broker's dead-lettering added, for
  * replaying a dead letter as if it were new (its retry count starts again at 0). Allocations
- * come from pool. Returns 0 or -1 (out of memory).
+ * come from pool. Returns 0 or BROKER_E_FAILED (out of memory).
  */
 int message_strip_properties(const amqp_basic_properties_t *props, amqp_pool_t *pool,
                              amqp_basic_properties_t *out);

@@ -1,33 +1,27 @@
 /*
- * session — see session.h.
+ * session — see session.h. Frames become messages in assembly.c and publisher confirms are
+ * tracked in confirms.c; this file owns the connection's lifecycle: connect and declare, the
+ * drain after every event, consume/cancel, acks, publishes, and reconnecting with backoff.
+ * Thread affinity: loop thread only.
  */
 #include "broker/session.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker/connection.h"
+#include "broker/assembly.h"
 #include "broker/topology.h"
 #include "ops/log.h"
+#include "policy/backoff.h"
+#include "util/rng.h"
 
 #define CONSUMER_TAG_PREFIX "idemq-"
-#define RECONNECT_MIN_MS 500
-#define RECONNECT_MAX_MS 30000
 
-typedef struct pending_confirm {
-    struct pending_confirm *next;
-    uint64_t seq;
-    bool returned;
-    broker_confirm_cb cb;
-    void *arg;
-} pending_confirm;
-
-typedef enum assemble_state {
-    ASSEMBLE_IDLE = 0,
-    ASSEMBLE_HEADER,   /* got basic.deliver / basic.return, waiting for the header frame */
-    ASSEMBLE_BODY,     /* waiting for body frames */
-} assemble_state;
+/* Jitter keeps a fleet of instances from reconnecting in lock-step after a broker restart. */
+static const backoff_policy reconnect_backoff = {
+    .initial_ms = 500, .max_ms = 30000, .jitter_percent = 50};
 
 struct broker_session {
     uv_loop_t *loop;
@@ -39,23 +33,15 @@ struct broker_session {
     uv_timer_t tick_timer;       /* services heartbeats */
     uv_timer_t reconnect_timer;
     int open_handles;
-    bool want_consuming;
-    bool consuming;
+    bool want_consuming;         /* what the owner asked for (broker_set_consuming) */
+    bool consuming;              /* what the broker was told on this connection */
     uint64_t subscription;       /* bumped by every basic.consume round: see consumer_tag */
-    bool draining;
-    bool closing;
-    unsigned reconnect_attempt;
-    /* delivery assembly */
-    assemble_state assemble;
-    bool assembling_return;
-    uint64_t assembling_tag;
-    size_t assembling_consumer;
-    bool assembling_redelivered;
-    broker_message *assembling;
-    /* publisher confirms, in publish order */
-    uint64_t next_publish_seq;
-    pending_confirm *confirm_head, *confirm_tail;
-    size_t unconfirmed;
+    bool in_drain;               /* drain() is on the stack: a nested call returns at once */
+    bool freeing;                /* broker_session_free ran: never reconnect; handles closing */
+    unsigned reconnect_attempt;  /* reconnects failed in a row */
+    rng random;                  /* reconnect jitter */
+    broker_assembly assembly;    /* the delivery or return being received */
+    broker_confirms confirms;    /* publishes the broker has not confirmed yet */
 };
 
 static void drain(broker_session *s);
@@ -64,19 +50,6 @@ static void schedule_reconnect(broker_session *s);
 static void on_poll_closed(uv_handle_t *handle)
 {
     free(handle);
-}
-
-static void fail_all_confirms(broker_session *s)
-{
-    pending_confirm *pc = s->confirm_head;
-    s->confirm_head = s->confirm_tail = NULL;
-    s->unconfirmed = 0;
-    while (pc) {
-        pending_confirm *next = pc->next;
-        pc->cb(pc->arg, false);
-        free(pc);
-        pc = next;
-    }
 }
 
 /* Tears the connection down after a failure. polite: try channel/connection close first. */
@@ -96,10 +69,8 @@ static void drop_connection(broker_session *s, bool polite)
     }
     s->generation++;
     s->consuming = false;
-    s->assemble = ASSEMBLE_IDLE;
-    broker_message_free(s->assembling);
-    s->assembling = NULL;
-    fail_all_confirms(s);
+    broker_assembly_reset(&s->assembly);
+    broker_confirms_fail_all(&s->confirms);
 }
 
 static void connection_lost(broker_session *s, const char *reason)
@@ -113,30 +84,7 @@ static void connection_lost(broker_session *s, const char *reason)
     schedule_reconnect(s);
 }
 
-static void resolve_confirms(broker_session *s, uint64_t tag, bool multiple, bool acked)
-{
-    pending_confirm **link = &s->confirm_head;
-    pending_confirm *prev = NULL;
-    while (*link) {
-        pending_confirm *pc = *link;
-        if (pc->seq > tag)
-            break;
-        if (multiple || pc->seq == tag) {
-            *link = pc->next;
-            if (s->confirm_tail == pc)
-                s->confirm_tail = prev;
-            s->unconfirmed--;
-            pc->cb(pc->arg, acked && !pc->returned);
-            free(pc);
-            if (!multiple)
-                break;
-        } else {
-            prev = pc;
-            link = &pc->next;
-        }
-    }
-}
-
+/* A returned copy fails its own publish's confirm, found by the sequence header it carries. */
 static void mark_returned(broker_session *s, const broker_message *msg)
 {
     int64_t seq;
@@ -144,24 +92,17 @@ static void mark_returned(broker_session *s, const broker_message *msg)
         log_error(LOG_NO_CONTEXT, "broker returned a message idemq did not publish; ignored");
         return;
     }
-    for (pending_confirm *pc = s->confirm_head; pc; pc = pc->next)
-        if (pc->seq == (uint64_t)seq)
-            pc->returned = true;
+    broker_confirms_mark_returned(&s->confirms, (uint64_t)seq);
 }
 
-static void message_complete(broker_session *s)
+/* msg is taken. */
+static void message_complete(broker_session *s, broker_message *msg, bool returned)
 {
-    broker_message *msg = s->assembling;
-    s->assembling = NULL;
-    s->assemble = ASSEMBLE_IDLE;
-    if (s->assembling_return) {
+    if (returned) {
         mark_returned(s, msg);
         broker_message_free(msg);
         return;
     }
-    msg->delivery_tag = s->assembling_tag;
-    msg->consumer_index = s->assembling_consumer;
-    msg->redelivered = s->assembling_redelivered;
     msg->generation = s->generation;
     s->cb->on_message(s->cb->ctx, msg);
 }
@@ -195,14 +136,13 @@ static int handle_method(broker_session *s, const amqp_frame_t *frame)
     switch (m->id) {
     case AMQP_BASIC_DELIVER_METHOD: {
         const amqp_basic_deliver_t *d = m->decoded;
-        if (consumer_index_of(s, d->consumer_tag, &s->assembling_consumer) != 0) {
+        size_t consumer_index;
+        if (consumer_index_of(s, d->consumer_tag, &consumer_index) != 0) {
             connection_lost(s, "delivery for an unknown consumer tag");
             return -1;
         }
-        s->assembling_tag = d->delivery_tag;
-        s->assembling_redelivered = d->redelivered != 0;
-        s->assembling_return = false;
-        s->assemble = ASSEMBLE_HEADER;
+        broker_assembly_begin_delivery(&s->assembly, d->delivery_tag, consumer_index,
+                                       d->redelivered != 0);
         return 0;
     }
     case AMQP_BASIC_RETURN_METHOD: {
@@ -210,37 +150,26 @@ static int handle_method(broker_session *s, const amqp_frame_t *frame)
         log_error(LOG_NO_CONTEXT, "broker returned a retry/DLQ copy as unroutable (%u %.*s); "
                   "the original will be requeued — is the topology intact?",
                   r->reply_code, (int)r->reply_text.len, (const char *)r->reply_text.bytes);
-        s->assembling_return = true;
-        s->assemble = ASSEMBLE_HEADER;
+        broker_assembly_begin_return(&s->assembly);
         return 0;
     }
     case AMQP_BASIC_ACK_METHOD: {
         const amqp_basic_ack_t *a = m->decoded;
-        resolve_confirms(s, a->delivery_tag, a->multiple != 0, true);
+        broker_confirms_resolve(&s->confirms, a->delivery_tag, a->multiple != 0, true);
         return s->conn ? 0 : -1;
     }
     case AMQP_BASIC_NACK_METHOD: {
         const amqp_basic_nack_t *n = m->decoded;
-        resolve_confirms(s, n->delivery_tag, n->multiple != 0, false);
+        broker_confirms_resolve(&s->confirms, n->delivery_tag, n->multiple != 0, false);
         return s->conn ? 0 : -1;
     }
     case AMQP_BASIC_CANCEL_METHOD:
         connection_lost(s, "the broker cancelled a consumer (was a queue deleted?)");
         return -1;
-    case AMQP_CHANNEL_CLOSE_METHOD: {
-        const amqp_channel_close_t *c = m->decoded;
-        snprintf(reason, sizeof reason, "channel closed by broker: %u %.*s", c->reply_code,
-                 (int)c->reply_text.len, (const char *)c->reply_text.bytes);
-        connection_lost(s, reason);
+    case AMQP_CHANNEL_CLOSE_METHOD:
+    case AMQP_CONNECTION_CLOSE_METHOD:
+        connection_lost(s, broker_describe_method(m, reason, sizeof reason));
         return -1;
-    }
-    case AMQP_CONNECTION_CLOSE_METHOD: {
-        const amqp_connection_close_t *c = m->decoded;
-        snprintf(reason, sizeof reason, "connection closed by broker: %u %.*s", c->reply_code,
-                 (int)c->reply_text.len, (const char *)c->reply_text.bytes);
-        connection_lost(s, reason);
-        return -1;
-    }
     default:
         return 0;
     }
@@ -251,40 +180,18 @@ static int handle_frame(broker_session *s, const amqp_frame_t *frame)
     switch (frame->frame_type) {
     case AMQP_FRAME_METHOD:
         return handle_method(s, frame);
-    case AMQP_FRAME_HEADER: {
-        if (s->assemble != ASSEMBLE_HEADER) {
-            connection_lost(s, "unexpected content header frame");
-            return -1;
-        }
-        uint64_t body_size = frame->payload.properties.body_size;
-        /* A returned copy is only matched by its headers; a delivery keeps at most max_body
-         * bytes, so prefetch × max_body bounds what deliveries can hold. */
-        s->assembling = broker_message_new(frame->payload.properties.decoded, body_size,
-                                           s->assembling_return ? 0 : s->cfg->max_body);
-        if (!s->assembling) {
-            connection_lost(s, "out of memory copying a delivery");
-            return -1;
-        }
-        if (body_size == 0)
-            message_complete(s);
-        else
-            s->assemble = ASSEMBLE_BODY;
-        return s->conn ? 0 : -1;
-    }
+    case AMQP_FRAME_HEADER:
     case AMQP_FRAME_BODY: {
-        bool overrun = false;
-        if (s->assemble != ASSEMBLE_BODY) {
-            connection_lost(s, "unexpected body frame");
+        char reason[128];
+        broker_message *msg;
+        bool returned;
+        if (broker_assembly_add_frame(&s->assembly, frame, s->cfg->max_body, &msg, &returned,
+                                      reason, sizeof reason) != 0) {
+            connection_lost(s, reason);
             return -1;
         }
-        bool complete = broker_message_add_body(s->assembling, frame->payload.body_fragment,
-                                                &overrun);
-        if (overrun) {
-            connection_lost(s, "a body frame longer than its content header announced");
-            return -1;
-        }
-        if (complete)
-            message_complete(s);
+        if (msg)
+            message_complete(s, msg, returned);
         return s->conn ? 0 : -1;
     }
     default:
@@ -295,9 +202,9 @@ static int handle_frame(broker_session *s, const amqp_frame_t *frame)
 static void drain(broker_session *s)
 {
     /* Re-entrant calls (a callback acking from inside a drain) leave the work to the outer loop. */
-    if (s->draining || !s->conn)
+    if (s->in_drain || !s->conn)
         return;
-    s->draining = true;
+    s->in_drain = true;
     struct timeval zero = {0, 0};
     while (s->conn) {
         amqp_frame_t frame;
@@ -313,7 +220,7 @@ static void drain(broker_session *s)
     }
     if (s->conn)
         amqp_maybe_release_buffers(s->conn);
-    s->draining = false;
+    s->in_drain = false;
 }
 
 static void on_readable(uv_poll_t *handle, int status, int events)
@@ -370,7 +277,8 @@ static int apply_consuming(broker_session *s, char *err, size_t err_len)
     return 0;
 }
 
-/* Connects, declares, starts consuming. Returns 0, -2 for configuration conflicts, -1 otherwise. */
+/* Connects, declares, starts consuming. Returns 0, BROKER_E_REFUSED for configuration conflicts,
+ * BROKER_E_FAILED otherwise; err says why. */
 static int connect_and_setup(broker_session *s, char *err, size_t err_len)
 {
     broker_open_options opts = {
@@ -381,15 +289,14 @@ static int connect_and_setup(broker_session *s, char *err, size_t err_len)
     };
     int rc = broker_open(&opts, &s->conn, err, err_len);
     if (rc != 0)
-        return -1;
-    s->next_publish_seq = 1;
+        return BROKER_E_FAILED;
     for (size_t i = 0; i < s->cfg->consumer_count; i++) {
         const config_consumer *c = &s->cfg->consumers[i];
         log_context ctx = {.queue = c->queue, .retries = -1};
         rc = topology_declare(s->conn, c, err, err_len);
         if (rc != 0) {
             drop_connection(s, true);
-            return rc == TOPOLOGY_E_BROKER ? -1 : -2;
+            return rc == TOPOLOGY_E_BROKER ? BROKER_E_FAILED : BROKER_E_REFUSED;
         }
         if (err[0])
             log_warn(&ctx, "%s", err);
@@ -402,7 +309,7 @@ static int connect_and_setup(broker_session *s, char *err, size_t err_len)
         else if (rc < 0) {
             snprintf(err, err_len, "%s", warning);
             drop_connection(s, true);
-            return -1;
+            return BROKER_E_FAILED;
         }
         err[0] = '\0';
     }
@@ -412,23 +319,23 @@ static int connect_and_setup(broker_session *s, char *err, size_t err_len)
         s->poll = NULL;
         snprintf(err, err_len, "cannot watch the AMQP socket");
         drop_connection(s, true);
-        return -1;
+        return BROKER_E_FAILED;
     }
     s->poll->data = s;
     uv_poll_start(s->poll, UV_READABLE, on_readable);
     if (apply_consuming(s, err, err_len) != 0) {
         drop_connection(s, true);
-        return -1;
+        return BROKER_E_FAILED;
     }
     drain(s);
-    return s->conn ? 0 : -1;
+    return s->conn ? 0 : BROKER_E_FAILED;
 }
 
 static void on_reconnect_timer(uv_timer_t *timer)
 {
     broker_session *s = timer->data;
     char err[1024];
-    if (s->closing || s->conn)
+    if (s->freeing || s->conn)
         return;
     if (connect_and_setup(s, err, sizeof err) != 0) {
         log_warn(LOG_NO_CONTEXT, "reconnect to RabbitMQ failed (attempt %u): %s",
@@ -446,15 +353,10 @@ static void on_reconnect_timer(uv_timer_t *timer)
 
 static void schedule_reconnect(broker_session *s)
 {
-    if (s->closing)
+    if (s->freeing)
         return;
-    uint64_t delay = RECONNECT_MIN_MS;
-    for (unsigned i = 0; i < s->reconnect_attempt && delay < RECONNECT_MAX_MS; i++)
-        delay *= 2;
-    if (delay > RECONNECT_MAX_MS)
-        delay = RECONNECT_MAX_MS;
-    /* Jitter keeps a fleet of instances from reconnecting in lock-step after a broker restart. */
-    delay += (uint64_t)rand() % (delay / 2 + 1);
+    uint64_t delay =
+        backoff_delay_ms(&reconnect_backoff, s->reconnect_attempt, rng_next(&s->random));
     uv_timer_start(&s->reconnect_timer, on_reconnect_timer, delay, 0);
 }
 
@@ -469,6 +371,9 @@ broker_session *broker_session_new(uv_loop_t *loop, const config *cfg,
     s->cb = callbacks;
     s->want_consuming = true;
     s->generation = 1;
+    rng_init(&s->random, (uint64_t)(uintptr_t)s);
+    broker_assembly_init(&s->assembly);
+    broker_confirms_init(&s->confirms);
     uv_timer_init(loop, &s->tick_timer);
     uv_timer_init(loop, &s->reconnect_timer);
     s->tick_timer.data = s;
@@ -498,7 +403,7 @@ void broker_ack(broker_session *s, const broker_message *msg)
         connection_lost(s, amqp_error_string2(rc));
 }
 
-void broker_requeue(broker_session *s, const broker_message *msg)
+void broker_nack_requeue(broker_session *s, const broker_message *msg)
 {
     if (!s->conn || msg->generation != s->generation)
         return;
@@ -514,14 +419,14 @@ int broker_publish_copy(broker_session *s, const broker_message *msg, const char
     if (msg->generation != s->generation)
         return BROKER_E_STALE; /* also when not connected: the generation moved on */
     if (!s->conn)
-        return -1;
-    pending_confirm *pc = calloc(1, sizeof *pc);
-    if (!pc)
-        return -1;
+        return BROKER_E_FAILED;
+    uint64_t seq;
+    if (broker_confirms_push(&s->confirms, cb, arg, &seq) != 0)
+        return BROKER_E_FAILED;
     amqp_pool_t pool;
     amqp_basic_properties_t props;
     init_amqp_pool(&pool, 1024);
-    headers->publish_seq = s->next_publish_seq;
+    headers->publish_seq = seq;
     int rc = message_copy_properties(msg, headers, &pool, &props);
     if (rc == 0) {
         amqp_bytes_t body = {.len = msg->body_len, .bytes = msg->body};
@@ -529,25 +434,16 @@ int broker_publish_copy(broker_session *s, const broker_message *msg, const char
                                 amqp_cstring_bytes(routing_key), 1, 0, &props, body);
         if (rc != AMQP_STATUS_OK) {
             empty_amqp_pool(&pool);
-            free(pc);
+            broker_confirms_cancel_last(&s->confirms); /* before failing the others */
             connection_lost(s, amqp_error_string2(rc));
-            return -1;
+            return BROKER_E_FAILED;
         }
     }
     empty_amqp_pool(&pool);
     if (rc != 0) {
-        free(pc);
-        return -1;
+        broker_confirms_cancel_last(&s->confirms);
+        return BROKER_E_FAILED;
     }
-    pc->seq = s->next_publish_seq++;
-    pc->cb = cb;
-    pc->arg = arg;
-    if (s->confirm_tail)
-        s->confirm_tail->next = pc;
-    else
-        s->confirm_head = pc;
-    s->confirm_tail = pc;
-    s->unconfirmed++;
     /* rabbitmq-c may read frames while sending (an overdue heartbeat): serve them now. */
     drain(s);
     return 0;
@@ -576,7 +472,7 @@ bool broker_is_consuming(const broker_session *s)
 
 size_t broker_unconfirmed(const broker_session *s)
 {
-    return s->unconfirmed;
+    return s->confirms.pending;
 }
 
 static void on_session_handle_closed(uv_handle_t *handle)
@@ -590,7 +486,7 @@ void broker_session_free(broker_session *s)
 {
     if (!s)
         return;
-    s->closing = true;
+    s->freeing = true;
     drop_connection(s, true);
     uv_timer_stop(&s->tick_timer);
     uv_timer_stop(&s->reconnect_timer);

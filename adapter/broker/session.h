@@ -4,11 +4,18 @@
  * rabbitmq-c is not thread-safe and buffers frames where uv_poll cannot see them, so everything
  * here runs on the loop thread and every readable event, timer tick and library call is followed
  * by a drain with zero-timeout frame reads until the library reports a timeout. Deliveries are
- * assembled from method/header/body frames into owned broker_message copies. Publishes go out
- * with mandatory=1 on a confirm-mode channel; each publish's callback runs once, with true only
- * when the broker confirmed it and did not return it. A lost connection fails pending confirms,
- * bumps the generation (so acks of old delivery tags are dropped: the broker redelivers those and
- * the dedup row settles them) and reconnects with backoff and jitter, redeclaring the topology.
+ * assembled from method/header/body frames into owned broker_message copies (assembly.h).
+ * Publishes go out with mandatory=1 on a confirm-mode channel; each publish's callback runs once,
+ * with true only when the broker confirmed it and did not return it (confirms.h). Each
+ * basic.consume round subscribes under consumer tags of its own (see consumer_tag in session.c).
+ * A lost connection fails pending confirms, bumps the generation (so acks of old delivery tags
+ * are dropped: the broker redelivers those and the dedup row settles them) and reconnects with
+ * backoff and jitter (policy/backoff.h, a generator of the session's own), redeclaring the
+ * topology.
+ *
+ * Errors: 0 or a negative BROKER_E_* code (connection.h), with the detail in the caller's err
+ * buffer when the function takes one.
+ *
  * Thread affinity: loop thread only.
  */
 #ifndef IDEMQ_BROKER_SESSION_H
@@ -17,6 +24,8 @@
 #include <stdbool.h>
 #include <uv.h>
 
+#include "broker/confirms.h"
+#include "broker/connection.h"
 #include "broker/message.h"
 #include "config/config.h"
 
@@ -32,32 +41,31 @@ typedef struct broker_session_callbacks {
     void (*on_down)(void *ctx, const char *reason);
 } broker_session_callbacks;
 
-/* Runs once per accepted publish: confirmed is true only for a broker ack without a return. */
-typedef void (*broker_confirm_cb)(void *arg, bool confirmed);
-
 /* cfg and callbacks are borrowed and must outlive the session. */
 broker_session *broker_session_new(uv_loop_t *loop, const config *cfg,
                                    const broker_session_callbacks *callbacks);
 
 /*
  * First connection: connects, declares every consumer's topology and starts consuming.
- * Returns 0; -2 when the topology conflicts with existing objects or a passive queue is missing
- * (a configuration problem); -1 for other failures. err explains.
+ * Returns 0; BROKER_E_REFUSED when the topology conflicts with existing objects or a passive
+ * queue is missing (a configuration problem); BROKER_E_FAILED for other failures. err explains.
  */
 int broker_session_start(broker_session *s, char *err, size_t err_len);
 
-/* Acks / requeues msg's delivery; a no-op when msg came from an earlier connection. */
+/* Acks msg's delivery (basic.ack); a no-op when msg came from an earlier connection. */
 void broker_ack(broker_session *s, const broker_message *msg);
-void broker_requeue(broker_session *s, const broker_message *msg);
 
-/* broker_publish_copy: msg came on a connection that is gone (the broker redelivers it). */
-#define BROKER_E_STALE (-2)
+/* Gives msg's delivery back to its queue (basic.nack with requeue: on a quorum queue this spends
+ * one delivery attempt); a no-op when msg came from an earlier connection, whose deliveries the
+ * broker requeued already. */
+void broker_nack_requeue(broker_session *s, const broker_message *msg);
 
 /*
  * Publishes a copy of msg (original body and properties plus headers) to exchange/routing_key.
- * Returns 0 and later runs cb(arg, confirmed) exactly once; -1 when it could not be sent (not
- * connected), BROKER_E_STALE when msg's connection is gone (a copy now would duplicate the one
- * its redelivery makes); then cb never runs. headers is borrowed for the call only.
+ * Returns 0 and later runs cb(arg, confirmed) exactly once; BROKER_E_FAILED when it could not be
+ * sent (not connected, out of memory), BROKER_E_STALE when msg's connection is gone (a copy now
+ * would duplicate the one its redelivery makes); then cb never runs. headers is borrowed for the
+ * call only (its publish_seq is filled in).
  */
 int broker_publish_copy(broker_session *s, const broker_message *msg, const char *exchange,
                         const char *routing_key, copy_headers *headers, broker_confirm_cb cb,

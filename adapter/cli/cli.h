@@ -1,6 +1,9 @@
 /*
- * cli — the subcommands. Each returns the process exit code: 0 ok, 1 runtime failure,
- * 2 usage or configuration problem. main.c parses argv and loads the config; these do the work.
+ * cli — the subcommands. main.c parses argv and loads the config; these do the work.
+ *
+ * Errors: unlike the modules below them (0 or a negative code), each subcommand returns the
+ * process exit code: 0 ok, 1 runtime failure, EXIT_USAGE (2) usage or configuration problem; the
+ * detail has been logged or printed already. Thread affinity: the main thread.
  */
 #ifndef IDEMQ_CLI_H
 #define IDEMQ_CLI_H

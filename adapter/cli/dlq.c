@@ -37,6 +37,7 @@
 #include "broker/message.h"
 #include "broker/topology.h"
 #include "envelope/envelope.h"
+#include "util/wallclock.h"
 
 #define CONFIRM_TIMEOUT_S 30
 
@@ -94,13 +95,6 @@ static void describe(const amqp_message_t *m, const config *cfg, dead_letter *ou
         out->first_failed_at_ms = 0;
 }
 
-static int64_t now_ms(void)
-{
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
-
 static void format_time(int64_t ms, char *buf, size_t len)
 {
     if (ms <= 0) {
@@ -113,24 +107,27 @@ static void format_time(int64_t ms, char *buf, size_t len)
     strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &utc);
 }
 
+/* Seconds since the message first failed; 0 when the header is missing. */
+static int64_t age_seconds(const dead_letter *d)
+{
+    return d->first_failed_at_ms ? (wallclock_ms() - d->first_failed_at_ms) / 1000 : 0;
+}
+
 static json_t *dead_letter_json(const dead_letter *d)
 {
     char when[40];
     format_time(d->first_failed_at_ms, when, sizeof when);
     return json_pack("{s:s, s:s, s:s, s:I, s:s, s:I}", "biz_key", d->biz_key, "error_class",
                      d->error_class, "error", d->error, "retries", (json_int_t)d->retries,
-                     "first_failed_at", when, "age_seconds",
-                     (json_int_t)(d->first_failed_at_ms ? (now_ms() - d->first_failed_at_ms) / 1000
-                                                        : 0));
+                     "first_failed_at", when, "age_seconds", (json_int_t)age_seconds(d));
 }
 
 static void print_dead_letter(const dead_letter *d)
 {
     char when[40];
     format_time(d->first_failed_at_ms, when, sizeof when);
-    long long age = d->first_failed_at_ms ? (now_ms() - d->first_failed_at_ms) / 1000 : 0;
     printf("%-40s %-18s retries=%-3" PRId64 " first_failed=%s age=%llds\n    reason: %s\n",
-           d->biz_key, d->error_class, d->retries, when, age, d->error);
+           d->biz_key, d->error_class, d->retries, when, (long long)age_seconds(d), d->error);
 }
 
 static int purge(amqp_connection_state_t conn, const char *dlq, const dlq_options *opts)

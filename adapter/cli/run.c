@@ -1,16 +1,12 @@
 /*
- * run — `idemq run`: wires the broker session, the envelope decoder, the store and the policy.
+ * run — `idemq run`: wires the broker session, the store, the HTTP endpoint and the delivery
+ * pipeline (adapter/run/), and owns signals and shutdown.
  *
  * A delivery is decoded on the loop thread (a bad body never reaches the database), applied by a
- * DB worker in one transaction, and its outcome is carried out back on the loop thread: ack after
- * the commit, or publish a retry/DLQ copy and ack only after the broker confirmed it. A database
- * outage or a schema error pauses consumption (basic.cancel) and *holds* what comes back
- * unavailable, unacked, until a probe proves the database accepts writes and every statement
- * prepares again; then the held messages run first and consuming resumes. Holding instead of
- * requeueing matters on quorum queues: every requeue spends one of the broker's delivery
- * attempts (20 by default on RabbitMQ 4.x), and a message past the limit is dropped. A held
- * message returns to the queue only when the connection ends (once per connection, e.g. at the
- * broker's consumer_timeout). The retry budget is not burned on infrastructure. SIGTERM stops consuming, lets
+ * DB worker in one transaction, and its outcome is carried out back on the loop thread
+ * (run/settle.h): ack after the commit, or publish a retry/DLQ copy and ack only after the broker
+ * confirmed it. A database outage or a schema error pauses consumption and holds what comes back
+ * unavailable, unacked, until a probe passes (run/outage.h). SIGTERM stops consuming, lets
  * in-flight work finish and be acked, then closes; a second signal exits at once (the broker
  * redelivers unacked messages and the dedup row settles them). Thread affinity: loop thread.
  */
@@ -22,442 +18,110 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include "broker/session.h"
-#include "broker/topology.h"
-#include "envelope/envelope.h"
 #include "handlers/plugin.h"
-#include "ops/http.h"
+#include "ops/http_server.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
 #include "policy/outcome.h"
-#include "store/mysql_error.h"
+#include "run/delivery.h"
+#include "run/outage.h"
+#include "run/settle.h"
 #include "store/retention.h"
 #include "store/store.h"
+#include "util/rng.h"
 
 #define HEALTH_PING_MS 5000
-#define PROBE_MIN_MS 500
-#define PROBE_MAX_MS 5000
-#define MAX_TRUSTED_RETRIES 1000
 
-typedef struct runner runner;
+/* Where the run is between start and exit. */
+typedef enum run_state {
+    RUN_ACTIVE,   /* consuming, or paused by an outage */
+    RUN_STOPPING, /* a signal came (or start failed): no new deliveries, in-flight ones settle */
+    RUN_CLOSED,   /* close_everything ran: handles are closing and uv_run is about to return */
+} run_state;
 
-/* One delivery from receipt to its final ack/requeue; owns the message and its envelope. */
-typedef struct inflight {
-    store_job job;              /* first member: the store hands it back to us */
-    runner *r;
-    broker_message *msg;
-    envelope env;
-    bool decoded;
-    unsigned retries;           /* idemq-retries of the delivery */
-    int64_t first_failed_at_ms; /* 0 when this is the first failure */
-    outcome out;
-    struct inflight *held_next; /* on runner.held_* while consumption is paused */
-} inflight;
-
-struct runner {
+typedef struct runner {
     uv_loop_t *loop;
     const config *cfg;
     broker_session *broker;
     store_pool *store;
     broker_session_callbacks callbacks;
+    settler settler;  /* carries out outcomes */
+    outage outage;    /* pause, hold, probe */
     uv_signal_t sigterm, sigint;
-    uv_timer_t probe_timer, shutdown_timer, health_timer;
-    store_job probe_job;
-    bool probe_pending;
-    store_job health_job;        /* periodic ping so idemq_up{mysql} is right when idle */
+    uv_timer_t shutdown_timer, health_timer;
+    store_job health_job; /* periodic ping so idemq_up{mysql} is right when idle */
     bool health_pending;
-    unsigned probe_attempt;
-    bool paused;
-    bool paused_for_schema;
-    char pause_reason[STORE_ERROR_MAX];
-    inflight *held_head, *held_tail; /* unacked, waiting for the database to come back */
-    bool stopping;
-    bool closed;
-    size_t inflight;
-    uint64_t rng;
+    run_state state;
+    size_t inflight_count; /* deliveries received and not yet retired */
     metrics *metrics;
-    http_server *http;           /* /metrics /healthz /readyz */
-};
-
-static uint64_t next_random(runner *r)
-{
-    /* xorshift64*: jitter needs spread, not cryptographic strength. */
-    r->rng ^= r->rng >> 12;
-    r->rng ^= r->rng << 25;
-    r->rng ^= r->rng >> 27;
-    return r->rng * 2685821657736338717ULL;
-}
-
-static int64_t now_ms(void)
-{
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
+    http_server *http; /* /metrics /healthz /readyz */
+} runner;
 
 static void close_everything(runner *r);
 
 static void maybe_finish_shutdown(runner *r)
 {
-    if (r->stopping && !r->closed && r->inflight == 0 && !r->probe_pending && !r->health_pending)
+    if (r->state == RUN_STOPPING && r->inflight_count == 0 &&
+        !outage_probe_pending(&r->outage) && !r->health_pending)
         close_everything(r);
 }
 
-static void release(inflight *f)
+/* d is settled (acked, requeued or abandoned): free it, and finish a shutdown waiting for it. */
+static void retire_delivery(void *ctx, delivery *d)
 {
-    runner *r = f->r;
-    if (f->decoded)
-        envelope_close(&f->env);
-    metrics_inflight_add(r->metrics, f->msg->consumer_index, -1);
-    broker_message_free(f->msg);
-    free(f);
-    r->inflight--;
+    runner *r = ctx;
+    metrics_inflight_add(r->metrics, d->msg->consumer_index, -1);
+    delivery_free(d);
+    r->inflight_count--;
     maybe_finish_shutdown(r);
 }
 
-static log_context context_of(const inflight *f, const char *outcome_name)
+static void submit_delivery(void *ctx, delivery *d)
 {
-    const config_consumer *c = &f->r->cfg->consumers[f->msg->consumer_index];
-    log_context ctx = {
-        .queue = c->queue,
-        .biz_key = f->decoded ? f->env.biz_key : NULL,
-        .message_id = f->decoded ? f->env.message_id : NULL,
-        .retries = f->retries,
-        .outcome = outcome_name,
-    };
-    return ctx;
-}
-
-static void count(inflight *f, outcome_label label)
-{
-    metrics_count(f->r->metrics, f->msg->consumer_index, label);
-    if (label == OUTCOME_PROCESSED && f->retries > 0)
-        metrics_retry_recovered(f->r->metrics, f->msg->consumer_index);
-}
-
-static void on_copy_confirmed(void *arg, bool confirmed)
-{
-    inflight *f = arg;
-    runner *r = f->r;
-    if (confirmed) {
-        broker_ack(r->broker, f->msg);
-        count(f, f->out.label);
-    } else {
-        /* The copy may not exist: keep the original (the broker redelivers it). */
-        log_context ctx = context_of(f, "requeued");
-        log_warn(&ctx, "broker did not confirm the %s copy; requeueing the original",
-                 f->out.action == OUTCOME_RETRY ? "retry" : "dead-letter");
-        broker_requeue(r->broker, f->msg);
-    }
-    release(f);
-}
-
-static void start_probe(runner *r);
-
-/* Records why consumption is paused; a schema error outranks an outage (it needs a person). */
-static void set_pause_reason(runner *r, const store_job *job)
-{
-    bool schema = mysql_error_is_schema(job->mysql_errno);
-    if (r->paused_for_schema && !schema && job->mysql_errno == 0)
-        return; /* "waiting for the probe" says less than the schema error we already have */
-    r->paused_for_schema = schema;
-    snprintf(r->pause_reason, sizeof r->pause_reason, "%s",
-             job->error[0] ? job->error : "database unavailable");
-    metrics_set_pause(r->metrics, schema ? METRICS_PAUSE_SCHEMA : METRICS_PAUSE_DATABASE);
-}
-
-static void pause_consuming(runner *r, const store_job *job)
-{
-    bool was_schema = r->paused_for_schema;
-    set_pause_reason(r, job);
-    if (r->paused) {
-        if (r->paused_for_schema && !was_schema)
-            log_error(LOG_NO_CONTEXT, "schema error while paused: %s", r->pause_reason);
-        return;
-    }
-    r->paused = true;
-    if (r->paused_for_schema)
-        log_error(LOG_NO_CONTEXT,
-                  "schema error, pausing consumption until every statement prepares again "
-                  "(messages are held, not requeued): %s",
-                  r->pause_reason);
-    else
-        log_error(LOG_NO_CONTEXT,
-                  "database unavailable, pausing consumption (messages are held, not requeued): "
-                  "%s",
-                  r->pause_reason);
-    broker_set_consuming(r->broker, false);
-    /* probe_attempt is not reset here: an outage that flaps keeps its backoff; a message that
-     * commits resets it (finish). */
-    start_probe(r);
-}
-
-/* Keeps f unacked until the database is back: no requeue, so no broker delivery attempt. */
-static void hold(inflight *f)
-{
-    runner *r = f->r;
-    f->held_next = NULL;
-    if (r->held_tail)
-        r->held_tail->held_next = f;
-    else
-        r->held_head = f;
-    r->held_tail = f;
-    metrics_held_add(r->metrics, f->msg->consumer_index, 1);
-}
-
-static inflight *take_held(runner *r)
-{
-    inflight *list = r->held_head;
-    r->held_head = r->held_tail = NULL;
-    for (inflight *f = list; f; f = f->held_next)
-        metrics_held_add(r->metrics, f->msg->consumer_index, -1);
-    return list;
-}
-
-static void submit(inflight *f);
-
-/* The database is back: the held messages go first, then the broker may send more. */
-static void resume_consuming(runner *r)
-{
-    r->paused = false;
-    r->paused_for_schema = false;
-    r->pause_reason[0] = '\0';
-    metrics_set_pause(r->metrics, METRICS_PAUSE_NONE);
-    inflight *f = take_held(r);
-    size_t resubmitted = 0;
-    while (f) {
-        inflight *next = f->held_next;
-        submit(f);
-        resubmitted++;
-        f = next;
-    }
-    log_info(LOG_NO_CONTEXT, "database reachable again, resuming consumption (%zu held message(s) "
-             "first)", resubmitted);
-    broker_set_consuming(r->broker, true);
-}
-
-/* The connection the held messages came on is gone (the broker requeues them, one delivery
- * attempt) or we are stopping (requeue them now: one attempt, and they are not lost). */
-static void drop_held(runner *r, bool requeue)
-{
-    inflight *f = take_held(r);
-    while (f) {
-        inflight *next = f->held_next;
-        if (requeue) {
-            broker_requeue(r->broker, f->msg);
-            count(f, OUTCOME_REQUEUED);
-            log_context ctx = context_of(f, "requeued");
-            log_warn(&ctx, "requeued a held message: shutting down while paused");
-        }
-        release(f);
-        f = next;
+    runner *r = ctx;
+    if (store_submit(r->store, &d->job) != 0) {
+        broker_nack_requeue(r->broker, d->msg);
+        retire_delivery(r, d);
     }
 }
 
-static void publish_copy(inflight *f)
+static void on_probe_settled(void *ctx)
 {
-    runner *r = f->r;
-    const config_consumer *c = &r->cfg->consumers[f->msg->consumer_index];
-    char exchange[TOPOLOGY_NAME_MAX], routing_key[TOPOLOGY_NAME_MAX], expiration[32];
-    copy_headers headers = {
-        .retries = f->out.retries,
-        .error_class = error_class_name(f->out.error_class),
-        .error = f->job.error[0] ? f->job.error : "unknown error",
-        .handler = c->handler_name,
-        .queue = c->queue,
-        .first_failed_at_ms = f->first_failed_at_ms ? f->first_failed_at_ms : now_ms(),
-        .body_truncated_from = broker_message_truncated(f->msg) ? f->msg->announced_len : 0,
-    };
-    if (f->out.action == OUTCOME_RETRY) {
-        topology_retry_exchange(c, exchange, sizeof exchange);
-        topology_retry_queue(c, f->out.level, routing_key, sizeof routing_key);
-        snprintf(expiration, sizeof expiration, "%" PRIu64, f->out.delay_ms);
-        headers.expiration = expiration;
-    } else {
-        topology_dead_letter_exchange(c, exchange, sizeof exchange);
-        snprintf(routing_key, sizeof routing_key, "%s", c->queue);
-    }
-    int rc = broker_publish_copy(r->broker, f->msg, exchange, routing_key, &headers,
-                                 on_copy_confirmed, f);
-    if (rc == BROKER_E_STALE) {
-        /* Its connection is gone and the broker hands the delivery out again: a copy now would
-         * be a second one for the same failure. */
-        log_context ctx = context_of(f, "abandoned");
-        log_warn(&ctx, "no %s copy: the delivery's connection closed; the broker redelivers it",
-                 f->out.action == OUTCOME_RETRY ? "retry" : "dead-letter");
-        release(f);
-    } else if (rc != 0) {
-        broker_requeue(r->broker, f->msg);
-        release(f);
-    }
-}
-
-/* Carries out the policy's decision for a classified message. */
-static void finish(inflight *f, apply_status status)
-{
-    runner *r = f->r;
-    const config_consumer *c = &r->cfg->consumers[f->msg->consumer_index];
-    f->out = outcome_decide(status, f->retries, &c->retry, next_random(r));
-    log_context ctx = context_of(f, outcome_label_name(f->out.label));
-    switch (f->out.action) {
-    case OUTCOME_ACK:
-        r->probe_attempt = 0;
-        if (f->retries > 0 && f->out.label == OUTCOME_PROCESSED)
-            log_info(&ctx, "processed after %u retries", f->retries);
-        else
-            log_info(&ctx, "%s", outcome_label_name(f->out.label));
-        broker_ack(r->broker, f->msg);
-        count(f, f->out.label);
-        release(f);
-        return;
-    case OUTCOME_RETRY:
-        log_warn(&ctx, "retry %u of %u in %" PRIu64 " ms: %s", f->out.retries,
-                 c->retry.max_retries, f->out.delay_ms, f->job.error);
-        publish_copy(f);
-        return;
-    case OUTCOME_DEAD_LETTER:
-        log_error(&ctx, "dead-lettered (%s): %s", error_class_name(f->out.error_class),
-                  f->job.error);
-        publish_copy(f);
-        return;
-    case OUTCOME_HOLD:
-        ctx.outcome = "held";
-        log_warn(&ctx, "held until the database is usable: %s", f->job.error);
-        pause_consuming(r, &f->job);
-        hold(f);
-        return;
-    }
-}
-
-static void on_applied(store_job *job)
-{
-    inflight *f = (inflight *)job;
-    metrics_observe_handler(f->r->metrics, job->consumer_index, job->duration_ns);
-    metrics_set_up(f->r->metrics, METRICS_DEP_MYSQL, job->status != APPLY_UNAVAILABLE);
-    finish(f, job->status);
+    maybe_finish_shutdown(ctx);
 }
 
 static void on_message(void *ctx, broker_message *msg)
 {
     runner *r = ctx;
-    if (r->stopping) {
+    if (r->state != RUN_ACTIVE) {
         /* Sent before our basic.cancel reached the broker: give it back untouched. */
-        broker_requeue(r->broker, msg);
+        broker_nack_requeue(r->broker, msg);
         broker_message_free(msg);
         return;
     }
-    inflight *f = calloc(1, sizeof *f);
-    if (!f) {
-        broker_requeue(r->broker, msg);
+    delivery *d = delivery_new(msg, &r->cfg->consumers[msg->consumer_index]);
+    if (!d) {
+        broker_nack_requeue(r->broker, msg);
         broker_message_free(msg);
         return;
     }
-    f->r = r;
-    f->msg = msg;
-    r->inflight++;
+    d->settler = &r->settler;
+    r->inflight_count++;
     metrics_inflight_add(r->metrics, msg->consumer_index, 1);
-    int64_t header_value;
-    if (message_header_int(&msg->properties, HEADER_RETRIES, &header_value) && header_value > 0)
-        f->retries = header_value > MAX_TRUSTED_RETRIES ? MAX_TRUSTED_RETRIES
-                                                        : (unsigned)header_value;
-    if (message_header_int(&msg->properties, HEADER_FIRST_FAILED_AT, &header_value))
-        f->first_failed_at_ms = header_value;
-
-    if (broker_message_truncated(msg)) {
-        /* Kept to max_body bytes when it arrived (session.c): the reason says what was cut. */
-        snprintf(f->job.error, sizeof f->job.error,
-                 "invalid envelope (too_large): body is %" PRIu64 " bytes, over amqp.max_body (%zu "
-                 "bytes); the dead-letter copy keeps only its first %zu bytes (header "
-                 HEADER_BODY_TRUNCATED " holds the original size)",
-                 msg->announced_len, r->cfg->max_body, msg->body_len);
-        finish(f, APPLY_NON_RETRYABLE);
+    if (delivery_decode(d, r->cfg->max_body) != 0) {
+        settle_delivery(&r->settler, d, APPLY_NON_RETRYABLE);
         return;
     }
-    char content_type[128] = "";
-    if (msg->properties._flags & AMQP_BASIC_CONTENT_TYPE_FLAG)
-        snprintf(content_type, sizeof content_type, "%.*s",
-                 (int)msg->properties.content_type.len,
-                 (const char *)msg->properties.content_type.bytes);
-    envelope_limits limits = {.max_body = r->cfg->max_body};
-    char reason[512];
-    int rc = envelope_decode(msg->body, msg->body_len, content_type, &limits, &f->env, reason,
-                             sizeof reason);
-    if (rc != ENVELOPE_OK) {
-        snprintf(f->job.error, sizeof f->job.error, "invalid envelope (%s): %s",
-                 envelope_error_name(rc), reason);
-        finish(f, APPLY_NON_RETRYABLE);
+    d->job.on_done = settle_applied;
+    if (outage_is_paused(&r->outage)) {
+        outage_hold(&r->outage, d); /* sent before our basic.cancel reached the broker */
         return;
     }
-    f->decoded = true;
-    f->job.kind = STORE_JOB_APPLY;
-    f->job.consumer_index = msg->consumer_index;
-    f->job.env = &f->env;
-    f->job.body = msg->body;
-    f->job.body_len = msg->body_len;
-    f->job.on_done = on_applied;
-    if (r->paused) {
-        hold(f); /* sent before our basic.cancel reached the broker */
-        return;
-    }
-    submit(f);
-}
-
-static void submit(inflight *f)
-{
-    if (store_submit(f->r->store, &f->job) != 0) {
-        broker_requeue(f->r->broker, f->msg);
-        release(f);
-    }
-}
-
-static void on_probe_done(store_job *job)
-{
-    runner *r = (runner *)((char *)job - offsetof(runner, probe_job));
-    r->probe_pending = false;
-    metrics_set_up(r->metrics, METRICS_DEP_MYSQL, job->status == APPLY_COMMITTED);
-    if (r->stopping) {
-        maybe_finish_shutdown(r);
-        return;
-    }
-    if (job->status == APPLY_COMMITTED) {
-        resume_consuming(r);
-        return;
-    }
-    set_pause_reason(r, job);
-    if (r->paused_for_schema)
-        log_error(LOG_NO_CONTEXT, "schema error persists (probe %u): %s", r->probe_attempt,
-                  job->error);
-    else
-        log_warn(LOG_NO_CONTEXT, "database still unavailable (probe %u): %s", r->probe_attempt,
-                 job->error);
-    start_probe(r);
-}
-
-static void on_probe_timer(uv_timer_t *timer)
-{
-    runner *r = timer->data;
-    if (r->stopping)
-        return;
-    memset(&r->probe_job, 0, sizeof r->probe_job);
-    r->probe_job.kind = STORE_JOB_PROBE;
-    r->probe_job.on_done = on_probe_done;
-    if (store_submit(r->store, &r->probe_job) == 0)
-        r->probe_pending = true;
-}
-
-static void start_probe(runner *r)
-{
-    uint64_t delay = PROBE_MIN_MS;
-    for (unsigned i = 0; i < r->probe_attempt && delay < PROBE_MAX_MS; i++)
-        delay *= 2;
-    if (delay > PROBE_MAX_MS)
-        delay = PROBE_MAX_MS;
-    r->probe_attempt++;
-    uv_timer_start(&r->probe_timer, on_probe_timer, delay, 0);
+    submit_delivery(r, d);
 }
 
 static void on_health_done(store_job *job)
@@ -471,7 +135,7 @@ static void on_health_done(store_job *job)
 static void on_health_timer(uv_timer_t *timer)
 {
     runner *r = timer->data;
-    if (r->stopping || r->health_pending || r->paused)
+    if (r->state != RUN_ACTIVE || r->health_pending || outage_is_paused(&r->outage))
         return; /* while paused the outage probe already pings */
     memset(&r->health_job, 0, sizeof r->health_job);
     r->health_job.kind = STORE_JOB_PING;
@@ -484,7 +148,8 @@ static void on_broker_up(void *ctx)
 {
     runner *r = ctx;
     metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, true);
-    log_info(LOG_NO_CONTEXT, "RabbitMQ connection ready%s", r->paused ? " (paused)" : "");
+    log_info(LOG_NO_CONTEXT, "RabbitMQ connection ready%s",
+             outage_is_paused(&r->outage) ? " (paused)" : "");
 }
 
 static void on_broker_down(void *ctx, const char *reason)
@@ -492,7 +157,7 @@ static void on_broker_down(void *ctx, const char *reason)
     runner *r = ctx;
     metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, false);
     log_warn(LOG_NO_CONTEXT, "RabbitMQ down (%s); unacked deliveries will be redelivered", reason);
-    drop_held(r, false);
+    outage_drop_held(&r->outage, false);
 }
 
 static void log_summary(runner *r)
@@ -513,7 +178,7 @@ static void log_summary(runner *r)
 
 static void close_everything(runner *r)
 {
-    r->closed = true;
+    r->state = RUN_CLOSED;
     http_server_free(r->http); /* first: it reads the broker and metrics */
     r->http = NULL;
     /* Store first: its last results may still ack through the broker session. */
@@ -521,11 +186,10 @@ static void close_everything(runner *r)
     r->store = NULL;
     broker_session_free(r->broker);
     r->broker = NULL;
-    uv_timer_stop(&r->probe_timer);
+    outage_close(&r->outage);
     uv_timer_stop(&r->shutdown_timer);
     uv_timer_stop(&r->health_timer);
     uv_close((uv_handle_t *)&r->health_timer, NULL);
-    uv_close((uv_handle_t *)&r->probe_timer, NULL);
     uv_close((uv_handle_t *)&r->shutdown_timer, NULL);
     uv_close((uv_handle_t *)&r->sigterm, NULL);
     uv_close((uv_handle_t *)&r->sigint, NULL);
@@ -540,7 +204,7 @@ static void on_shutdown_timeout(uv_timer_t *timer)
      * unacked, which the broker redelivers and the dedup rows settle. */
     log_warn(LOG_NO_CONTEXT,
              "shutdown timeout: %zu message(s) still in flight; exiting, the broker redelivers them",
-             r->inflight);
+             r->inflight_count);
     fflush(stderr);
     _exit(1);
 }
@@ -560,23 +224,23 @@ static void exit_on_second_signal(int signum)
 static void on_signal(uv_signal_t *handle, int signum)
 {
     runner *r = handle->data;
-    if (r->stopping) {
+    if (r->state != RUN_ACTIVE) {
         log_warn(LOG_NO_CONTEXT, "second signal: exiting now; unacked messages are redelivered");
         _exit(1);
     }
     log_info(LOG_NO_CONTEXT, "signal %d: stopping consumption, finishing %zu in-flight message(s)",
-             signum, r->inflight);
-    r->stopping = true;
+             signum, r->inflight_count);
+    r->state = RUN_STOPPING;
     uv_signal_stop(&r->sigterm);
     uv_signal_stop(&r->sigint);
     struct sigaction second = {.sa_handler = exit_on_second_signal};
     sigemptyset(&second.sa_mask);
     sigaction(SIGTERM, &second, NULL);
     sigaction(SIGINT, &second, NULL);
-    uv_timer_stop(&r->probe_timer);
+    outage_stop(&r->outage);
     uv_timer_stop(&r->health_timer);
     broker_set_consuming(r->broker, false);
-    drop_held(r, true);
+    outage_drop_held(&r->outage, true);
     uv_timer_start(&r->shutdown_timer, on_shutdown_timeout, r->cfg->shutdown_timeout_ms, 0);
     maybe_finish_shutdown(r);
 }
@@ -586,16 +250,14 @@ static bool is_ready(void *ctx, char *reason, size_t reason_len)
 {
     runner *r = ctx;
     const char *why = NULL;
-    if (r->stopping)
+    if (r->state != RUN_ACTIVE)
         why = "shutting down";
     else if (!r->broker || !broker_is_connected(r->broker))
         why = "not connected to RabbitMQ";
-    else if (r->paused) {
-        snprintf(reason, reason_len, "consumption paused: %s: %s",
-                 r->paused_for_schema ? "schema error" : "database unavailable", r->pause_reason);
+    else if (outage_is_paused(&r->outage)) {
+        outage_describe(&r->outage, reason, reason_len);
         return false;
-    }
-    else if (!metrics_get_up(r->metrics, METRICS_DEP_MYSQL))
+    } else if (!metrics_get_up(r->metrics, METRICS_DEP_MYSQL))
         why = "database unavailable";
     else if (!broker_is_consuming(r->broker))
         why = "not consuming";
@@ -634,9 +296,7 @@ static int run_consumers(const config *cfg)
     }
     r->loop = loop;
     r->cfg = cfg;
-    r->rng = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
-    signal(SIGPIPE, SIG_IGN); /* a scraper resetting mid-response must not kill us (http.h) */
-    srand((unsigned)next_random(r));
+    signal(SIGPIPE, SIG_IGN); /* a scraper resetting mid-response must not kill us (http_server) */
     r->callbacks = (broker_session_callbacks){
         .ctx = r, .on_message = on_message, .on_up = on_broker_up, .on_down = on_broker_down};
 
@@ -649,10 +309,17 @@ static int run_consumers(const config *cfg)
         log_error(LOG_NO_CONTEXT, "out of memory");
         goto out;
     }
-    uv_timer_init(loop, &r->probe_timer);
+    outage_hooks hooks = {.ctx = r,
+                          .resubmit = submit_delivery,
+                          .retire = retire_delivery,
+                          .probe_settled = on_probe_settled};
+    outage_init(&r->outage, loop, r->store, r->broker, r->metrics, &hooks);
+    r->settler = (settler){.broker = r->broker, .metrics = r->metrics, .outage = &r->outage,
+                           .retire = retire_delivery, .ctx = r};
+    rng_init(&r->settler.random, (uint64_t)(uintptr_t)r);
     uv_timer_init(loop, &r->shutdown_timer);
     uv_timer_init(loop, &r->health_timer);
-    r->probe_timer.data = r->shutdown_timer.data = r->health_timer.data = r;
+    r->shutdown_timer.data = r->health_timer.data = r;
     uv_signal_init(loop, &r->sigterm);
     uv_signal_init(loop, &r->sigint);
     r->sigterm.data = r->sigint.data = r;
@@ -663,15 +330,15 @@ static int run_consumers(const config *cfg)
     metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, rc == 0);
     if (rc != 0) {
         log_error(LOG_NO_CONTEXT, "%s", err);
-        exit_code = rc == -2 ? EXIT_USAGE : 1;
-        r->stopping = true;
+        exit_code = rc == BROKER_E_REFUSED ? EXIT_USAGE : 1;
+        r->state = RUN_STOPPING;
         close_everything(r);
         uv_run(loop, UV_RUN_DEFAULT);
         goto out_freed;
     }
     if (start_http(r) != 0) {
         exit_code = 1;
-        r->stopping = true;
+        r->state = RUN_STOPPING;
         close_everything(r);
         uv_run(loop, UV_RUN_DEFAULT);
         goto out_freed;

@@ -36,7 +36,7 @@
 #include <uv.h>
 
 #include "config/config.h"
-#include "ops/http.h"
+#include "ops/http_server.h"
 #include "ops/metrics.h"
 
 /* ------------------------------------------------------------------------------------ clock */

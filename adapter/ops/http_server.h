@@ -1,6 +1,6 @@
 /*
- * http — the ops endpoint: GET/HEAD /metrics, /healthz and /readyz over HTTP/1.1 on the libuv
- * loop.
+ * http_server — the ops endpoint: GET/HEAD /metrics, /healthz and /readyz over HTTP/1.1 on the
+ * libuv loop.
  *
  * Why not a library: the endpoint serves three fixed read-only routes to Prometheus and health
  * checkers. Debian 12's candidates either run their own threads or event loop (libmicrohttpd:
@@ -18,33 +18,31 @@
  *     and discards what the client still sends for up to linger_ms (so the kernel does not turn
  *     unread bytes into a reset that would destroy the response), then closes; writing the
  *     response and lingering are bounded by write_timeout_ms.
- * The parser is incremental (each byte examined once) and strict, following RFC 9112: a
- * request line `METHOD SP origin-form|absolute-form SP HTTP/1.x`, CRLF or bare LF line ends,
- * token field names with no space before the colon, no control bytes (NUL included) anywhere,
- * no obsolete line folding, exactly one Host for HTTP/1.1, a sane Content-Length and never
- * Content-Length together with Transfer-Encoding. Bytes that cannot start a valid request get
- * 400 as soon as they arrive. Request bodies are never read (the routes take none; the
- * connection closes after the response, so there is no framing to get wrong). Status codes:
- * 200, 404 (unknown path), 405 (known path, method other than GET/HEAD; with Allow), 400, 408
- * is never sent (a timed-out head is just closed), 414, 431, 500 (rendering ran out of
- * memory), 503 (/readyz not ready, or too many connections), 505 (HTTP/2+ on this socket).
+ * The request head is parsed by http_request.h (incremental and strict, following RFC 9112);
+ * bytes that cannot start a valid request get 400 as soon as they arrive. Request bodies are
+ * never read (the routes take none; the connection closes after the response, so there is no
+ * framing to get wrong). Status codes: 200, 404 (unknown path), 405 (known path, method other
+ * than GET/HEAD; with Allow), 400, 408 is never sent (a timed-out head is just closed), 414, 431,
+ * 500 (rendering ran out of memory), 503 (/readyz not ready, or too many connections), 505
+ * (HTTP/2+ on this socket).
+ *
+ * Errors: 0 or a negative libuv error code (UV_E*), with the detail in the caller's err buffer.
  *
  * Thread affinity: loop thread only — creation, every callback (including ready and the
  * metrics rendering) and http_server_free. The caller must ignore SIGPIPE (libuv writes to
  * sockets with write(2), and a client that resets mid-response would otherwise kill the
  * process).
  */
-#ifndef IDEMQ_HTTP_H
-#define IDEMQ_HTTP_H
+#ifndef IDEMQ_HTTP_SERVER_H
+#define IDEMQ_HTTP_SERVER_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
+#include "ops/http_request.h" /* HTTP_HEAD_MAX */
 #include "ops/metrics.h"
-
-#define HTTP_HEAD_MAX 8192
 
 typedef struct http_server http_server;
 

@@ -1,14 +1,15 @@
 /*
- * http — see http.h for the design and the limits.
+ * http_server — see http_server.h for the design and the limits.
  *
  * One http_conn per accepted socket, holding its uv_tcp_t and its deadline timer (both closed
  * together; the conn is freed when the second close callback runs, after libuv has cancelled any
- * write or shutdown still pending), the 8 KiB head buffer and the response. A connection moves
+ * write or shutdown still pending), the 8 KiB head buffer, its parser (http_request.h) and the
+ * response. A connection moves
  * READING → WRITING → LINGERING → CLOSING; any error, reset, EOF before a full head, or deadline
  * jumps to CLOSING. The server is freed once its listener, its retry timer and every conn are
  * closed. Thread affinity: loop thread only.
  */
-#include "ops/http.h"
+#include "ops/http_server.h"
 
 #include <inttypes.h>
 #include <netdb.h>
@@ -16,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 #include "ops/log.h"
@@ -27,9 +27,7 @@
 #define DEFAULT_LINGER_MS 1000
 #define LISTEN_BACKLOG 128
 #define ACCEPT_RETRY_MS 100 /* after running out of memory while accepting */
-#define MAX_METHOD 32
-#define MAX_HEADER_FIELDS 100
-#define MAX_BLANK_LINES 4 /* ignored before the request line (RFC 9112 §2.2) */
+#define LOGGED_PATH_MAX 63  /* bytes of the path in a debug line */
 
 typedef enum conn_state {
     CONN_READING,   /* receiving the request head */
@@ -45,16 +43,6 @@ typedef enum http_route {
     ROUTE_READYZ,
 } http_route;
 
-typedef enum http_method {
-    METHOD_OTHER,
-    METHOD_GET,
-    METHOD_HEAD,
-} http_method;
-
-/* parse_feed's answer: more bytes needed, a complete head, or an HTTP error status (>= 400). */
-#define PARSE_MORE 0
-#define PARSE_DONE 1
-
 typedef struct http_conn {
     uv_tcp_t tcp;     /* first member: the read callbacks get it back */
     uv_timer_t timer; /* head deadline, then write deadline, then linger */
@@ -65,24 +53,12 @@ typedef struct http_conn {
     conn_state state;
     int open_handles; /* tcp + timer until their close callbacks ran */
     bool eof;         /* the client shut down its side */
-    /* parser */
-    size_t len;        /* bytes of head received */
-    size_t line_start; /* start of the line being received */
-    size_t scanned;    /* bytes already checked byte by byte */
-    unsigned blank_lines;
-    bool have_request_line;
-    unsigned header_fields;
-    const char *why; /* reason of a parse error, for the debug log */
     /* request */
-    http_method method;
+    size_t len; /* bytes of head received into buf */
+    http_request request;
     http_route route;
-    int minor; /* HTTP/1.minor */
-    unsigned hosts;
-    bool has_content_length;
-    uint64_t content_length;
-    bool has_transfer_encoding;
-    char path[64]; /* for the debug log; truncated */
     /* response */
+    bool rejected; /* answering an invalid request: with a body whatever the method */
     char response_head[512];
     char *body; /* body_owned: malloc'd (metrics page), else static or small */
     size_t body_len;
@@ -168,20 +144,7 @@ static void on_deadline(uv_timer_t *timer)
     conn_close(c);
 }
 
-/* ------------------------------------------------------------------------------ parser */
-
-static bool is_tchar(unsigned char ch)
-{
-    /* token = 1*tchar (RFC 9110 §5.6.2) */
-    if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9'))
-        return true;
-    return ch != '\0' && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
-}
-
-static bool tokens_equal(const char *a, size_t a_len, const char *b)
-{
-    return a_len == strlen(b) && strncasecmp(a, b, a_len) == 0;
-}
+/* ------------------------------------------------------------------------------ routes */
 
 static http_route route_of(const char *path, size_t len)
 {
@@ -192,187 +155,6 @@ static http_route route_of(const char *path, size_t len)
     if (len == 7 && memcmp(path, "/readyz", 7) == 0)
         return ROUTE_READYZ;
     return ROUTE_NONE;
-}
-
-static int parse_error(http_conn *c, int status, const char *why)
-{
-    c->why = why;
-    return status;
-}
-
-/* `METHOD SP request-target SP HTTP-version`, already free of control and non-ASCII bytes. */
-static int parse_request_line(http_conn *c, const char *line, size_t n)
-{
-    const char *sp1 = memchr(line, ' ', n);
-    if (!sp1)
-        return parse_error(c, 400, "request line has no spaces");
-    const char *target = sp1 + 1;
-    const char *sp2 = memchr(target, ' ', (size_t)(line + n - target));
-    if (!sp2)
-        return parse_error(c, 400, "request line has no HTTP version");
-    const char *version = sp2 + 1;
-    size_t method_len = (size_t)(sp1 - line), target_len = (size_t)(sp2 - target);
-    size_t version_len = (size_t)(line + n - version);
-
-    if (method_len == 0 || method_len > MAX_METHOD)
-        return parse_error(c, 400, "bad method");
-    for (size_t i = 0; i < method_len; i++)
-        if (!is_tchar((unsigned char)line[i]))
-            return parse_error(c, 400, "bad method");
-    if (target_len == 0)
-        return parse_error(c, 400, "empty request target");
-    for (size_t i = 0; i < target_len; i++)
-        if ((unsigned char)target[i] <= 0x20 || (unsigned char)target[i] >= 0x7f)
-            return parse_error(c, 400, "bad request target");
-    if (version_len != 8 || memcmp(version, "HTTP/", 5) != 0 || version[5] < '0' ||
-        version[5] > '9' || version[6] != '.' || version[7] < '0' || version[7] > '9')
-        return parse_error(c, 400, "bad HTTP version");
-    if (version[5] != '1')
-        return parse_error(c, 505, "HTTP version not supported");
-    c->minor = version[7] - '0';
-
-    if (method_len == 3 && memcmp(line, "GET", 3) == 0)
-        c->method = METHOD_GET;
-    else if (method_len == 4 && memcmp(line, "HEAD", 4) == 0)
-        c->method = METHOD_HEAD;
-    else
-        c->method = METHOD_OTHER;
-
-    /* origin-form "/path?query", or absolute-form "http://authority/path?query" */
-    const char *path = target, *end = target + target_len;
-    if (target_len >= 7 && strncasecmp(target, "http://", 7) == 0)
-        path = target + 7;
-    else if (target_len >= 8 && strncasecmp(target, "https://", 8) == 0)
-        path = target + 8;
-    if (path != target) {
-        const char *slash = memchr(path, '/', (size_t)(end - path));
-        if (slash == path)
-            return parse_error(c, 400, "absolute URI without authority");
-        path = slash ? slash : end; /* "http://host" means "/" */
-    } else if (target[0] != '/') {
-        return parse_error(c, 400, "request target is not a path");
-    }
-    const char *path_end = path;
-    while (path_end < end && *path_end != '?')
-        path_end++;
-    size_t path_len = (size_t)(path_end - path);
-    c->route = path_len ? route_of(path, path_len) : ROUTE_NONE;
-    snprintf(c->path, sizeof c->path, "%.*s", (int)(path_len ? path_len : 1),
-             path_len ? path : "/");
-    c->have_request_line = true;
-    return PARSE_MORE;
-}
-
-/* `field-name ":" OWS field-value OWS`, already free of control bytes other than HTAB. */
-static int parse_field_line(http_conn *c, const char *line, size_t n)
-{
-    if (line[0] == ' ' || line[0] == '\t')
-        return parse_error(c, 400, "obsolete line folding");
-    if (++c->header_fields > MAX_HEADER_FIELDS)
-        return parse_error(c, 431, "too many header fields");
-    const char *colon = memchr(line, ':', n);
-    if (!colon || colon == line)
-        return parse_error(c, 400, "header field without a name");
-    size_t name_len = (size_t)(colon - line);
-    for (size_t i = 0; i < name_len; i++)
-        if (!is_tchar((unsigned char)line[i]))
-            return parse_error(c, 400, "bad header field name");
-    const char *value = colon + 1, *end = line + n;
-    while (value < end && (*value == ' ' || *value == '\t'))
-        value++;
-    while (end > value && (end[-1] == ' ' || end[-1] == '\t'))
-        end--;
-    size_t value_len = (size_t)(end - value);
-
-    if (tokens_equal(line, name_len, "host")) {
-        c->hosts++;
-    } else if (tokens_equal(line, name_len, "content-length")) {
-        uint64_t v = 0;
-        if (value_len == 0 || value_len > 18)
-            return parse_error(c, 400, "bad Content-Length");
-        for (size_t i = 0; i < value_len; i++) {
-            if (value[i] < '0' || value[i] > '9')
-                return parse_error(c, 400, "bad Content-Length");
-            v = v * 10 + (uint64_t)(value[i] - '0');
-        }
-        if (c->has_content_length && v != c->content_length)
-            return parse_error(c, 400, "conflicting Content-Length");
-        c->has_content_length = true;
-        c->content_length = v;
-    } else if (tokens_equal(line, name_len, "transfer-encoding")) {
-        c->has_transfer_encoding = true;
-    }
-    return PARSE_MORE;
-}
-
-static int parse_line(http_conn *c, const char *line, size_t n)
-{
-    if (!c->have_request_line) {
-        if (n == 0)
-            return ++c->blank_lines > MAX_BLANK_LINES
-                       ? parse_error(c, 400, "blank lines instead of a request")
-                       : PARSE_MORE;
-        return parse_request_line(c, line, n);
-    }
-    if (n > 0)
-        return parse_field_line(c, line, n);
-    /* The blank line: the head is complete. */
-    if (c->hosts > 1 || (c->minor >= 1 && c->hosts == 0))
-        return parse_error(c, 400, c->hosts ? "more than one Host" : "HTTP/1.1 without Host");
-    if (c->has_transfer_encoding && c->has_content_length)
-        return parse_error(c, 400, "both Transfer-Encoding and Content-Length");
-    if (c->has_transfer_encoding && c->minor == 0)
-        return parse_error(c, 400, "Transfer-Encoding in an HTTP/1.0 request");
-    return PARSE_DONE;
-}
-
-/*
- * Examines the bytes received since the last call (each byte once, apart from a trailing CR
- * whose LF has not arrived yet) and every line they complete. Returns PARSE_MORE, PARSE_DONE or
- * an HTTP error status.
- */
-static int parse_feed(http_conn *c)
-{
-    while (c->scanned < c->len) {
-        const char *nl = memchr(c->buf + c->scanned, '\n', c->len - c->scanned);
-        size_t end = nl ? (size_t)(nl - c->buf) : c->len;
-        for (size_t i = c->scanned; i < end; i++) {
-            unsigned char ch = (unsigned char)c->buf[i];
-            if (ch == '\r') {
-                if (i + 1 < c->len && c->buf[i + 1] != '\n')
-                    return parse_error(c, 400, "CR not followed by LF");
-            } else if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
-                return parse_error(c, 400, "control byte in the request head");
-            } else if (!c->have_request_line && (ch >= 0x80 || ch == '\t')) {
-                return parse_error(c, 400, "non-ASCII byte in the request line");
-            }
-        }
-        if (!nl) {
-            c->scanned = c->buf[c->len - 1] == '\r' ? c->len - 1 : c->len;
-            if (!c->have_request_line) {
-                /* Reject garbage early: the method must be a short token. */
-                size_t i = c->line_start;
-                while (i < c->len && i - c->line_start <= MAX_METHOD &&
-                       is_tchar((unsigned char)c->buf[i]))
-                    i++;
-                if (i - c->line_start > MAX_METHOD ||
-                    (i < c->len && c->buf[i] != ' ' && !(c->buf[i] == '\r' && i == c->line_start)))
-                    return parse_error(c, 400, "bad method");
-            }
-            return PARSE_MORE;
-        }
-        size_t line_end = end;
-        if (line_end > c->line_start && c->buf[line_end - 1] == '\r')
-            line_end--;
-        c->scanned = end + 1;
-        size_t line_len = line_end - c->line_start;
-        const char *line = c->buf + c->line_start;
-        c->line_start = end + 1;
-        int rc = parse_line(c, line, line_len);
-        if (rc != PARSE_MORE)
-            return rc;
-    }
-    return PARSE_MORE;
 }
 
 /* ------------------------------------------------------------------------------ responses */
@@ -431,6 +213,26 @@ static void on_write(uv_write_t *req, int status)
         conn_close(c);
 }
 
+/* "http: GET /readyz -> 503", with the reason of a rejection. Needs the head still in c->buf. */
+static void log_response(const http_conn *c, int status)
+{
+    const http_request *req = &c->request;
+    const char *method = c->rejected                       ? "?"
+                         : req->method == HTTP_METHOD_GET  ? "GET"
+                         : req->method == HTTP_METHOD_HEAD ? "HEAD"
+                                                           : "?";
+    const char *path = "-";
+    size_t path_len = 1;
+    if (req->have_request_line && req->path_len > 0) {
+        path = c->buf + req->path_offset;
+        path_len = req->path_len < LOGGED_PATH_MAX ? req->path_len : LOGGED_PATH_MAX;
+    } else if (req->have_request_line) {
+        path = "/";
+    }
+    log_debug(LOG_NO_CONTEXT, "http: %s %.*s -> %d%s%s", method, (int)path_len, path, status,
+              req->why ? ": " : "", req->why ? req->why : "");
+}
+
 /*
  * Queues the response and moves to CONN_WRITING. body is borrowed unless body_owned (then taken).
  * extra_headers is NULL or CRLF-terminated header lines.
@@ -461,16 +263,14 @@ static void respond(http_conn *c, int status, const char *content_type, char *bo
         conn_close(c);
         return;
     }
-    log_debug(LOG_NO_CONTEXT, "http: %s %s -> %d%s%s",
-              c->method == METHOD_GET    ? "GET"
-              : c->method == METHOD_HEAD ? "HEAD"
-                                         : "?",
-              c->path[0] ? c->path : "-", status, c->why ? ": " : "", c->why ? c->why : "");
+    if (log_enabled(CONFIG_LOG_DEBUG))
+        log_response(c, status);
     c->state = CONN_WRITING;
     uv_timer_start(&c->timer, on_deadline, c->server->write_timeout_ms, 0);
     uv_buf_t bufs[2] = {uv_buf_init(c->response_head, (unsigned)n),
                         uv_buf_init(body, (unsigned)body_len)};
-    unsigned nbufs = c->method == METHOD_HEAD || body_len == 0 ? 1 : 2;
+    bool head_only = !c->rejected && c->request.method == HTTP_METHOD_HEAD;
+    unsigned nbufs = head_only || body_len == 0 ? 1 : 2;
     c->write_req.data = c;
     if (uv_write(&c->write_req, (uv_stream_t *)&c->tcp, bufs, nbufs, on_write) != 0)
         conn_close(c);
@@ -501,7 +301,7 @@ static void respond_error(http_conn *c, int status)
         break;
     }
     /* An error answers every method with a body, HEAD included: the request is not trusted. */
-    c->method = METHOD_OTHER;
+    c->rejected = true;
     respond_text(c, status, text, NULL);
 }
 
@@ -512,7 +312,7 @@ static void dispatch(http_conn *c)
         respond_text(c, 404, "not found\n", NULL);
         return;
     }
-    if (c->method == METHOD_OTHER) {
+    if (c->request.method == HTTP_METHOD_OTHER) {
         respond_text(c, 405, "method not allowed\n", "Allow: GET, HEAD\r\n");
         return;
     }
@@ -579,14 +379,12 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     if (c->state != CONN_READING)
         return; /* pipelined requests or a body: ignored, the connection closes after the reply */
     c->len += (size_t)nread;
-    int rc = parse_feed(c);
-    if (rc == PARSE_DONE) {
+    int rc = http_request_feed(&c->request, c->buf, c->len);
+    if (rc == HTTP_REQUEST_COMPLETE) {
+        c->route = route_of(c->buf + c->request.path_offset, c->request.path_len);
         dispatch(c);
-    } else if (rc != PARSE_MORE) {
-        respond_error(c, rc);
-    } else if (c->len == sizeof c->buf) {
-        c->why = "request head larger than HTTP_HEAD_MAX bytes";
-        respond_error(c, c->have_request_line ? 431 : 414);
+    } else if (rc == HTTP_REQUEST_E_INVALID) {
+        respond_error(c, c->request.status);
     }
 }
 
@@ -638,6 +436,7 @@ static void accept_pending(http_server *s)
         return;
     }
     memset(c, 0, offsetof(http_conn, buf)); /* the 8 KiB buffer needs no clearing */
+    http_request_init(&c->request);
     c->server = s;
     c->state = CONN_READING;
     uv_tcp_init(s->loop, &c->tcp);

@@ -1,0 +1,110 @@
+/*
+ * settle — see settle.h. Thread affinity: loop thread.
+ */
+#include "run/settle.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "broker/topology.h"
+#include "ops/log.h"
+#include "util/wallclock.h"
+
+static void on_copy_confirmed(void *arg, bool confirmed)
+{
+    delivery *d = arg;
+    settler *s = d->settler;
+    if (confirmed) {
+        broker_ack(s->broker, d->msg);
+        delivery_count_outcome(d, s->metrics, d->out.label);
+    } else {
+        /* The copy may not exist: keep the original (the broker redelivers it). */
+        log_context ctx = delivery_log_context(d, "requeued");
+        log_warn(&ctx, "broker did not confirm the %s copy; requeueing the original",
+                 d->out.action == OUTCOME_RETRY ? "retry" : "dead-letter");
+        broker_nack_requeue(s->broker, d->msg);
+    }
+    s->retire(s->ctx, d);
+}
+
+/* Publishes d's retry or dead-letter copy; d is acked once the broker confirmed it. */
+static void publish_copy(settler *s, delivery *d)
+{
+    const config_consumer *c = d->consumer;
+    char exchange[TOPOLOGY_NAME_MAX], routing_key[TOPOLOGY_NAME_MAX], expiration[32];
+    copy_headers headers = {
+        .retries = d->out.retries,
+        .error_class = error_class_name(d->out.error_class),
+        .error = d->job.error[0] ? d->job.error : "unknown error",
+        .handler = c->handler_name,
+        .queue = c->queue,
+        .first_failed_at_ms = d->first_failed_at_ms ? d->first_failed_at_ms : wallclock_ms(),
+        .body_truncated_from = broker_message_truncated(d->msg) ? d->msg->announced_len : 0,
+    };
+    if (d->out.action == OUTCOME_RETRY) {
+        topology_retry_exchange(c, exchange, sizeof exchange);
+        topology_retry_queue(c, d->out.level, routing_key, sizeof routing_key);
+        snprintf(expiration, sizeof expiration, "%" PRIu64, d->out.delay_ms);
+        headers.expiration = expiration;
+    } else {
+        topology_dead_letter_exchange(c, exchange, sizeof exchange);
+        snprintf(routing_key, sizeof routing_key, "%s", c->queue);
+    }
+    int rc = broker_publish_copy(s->broker, d->msg, exchange, routing_key, &headers,
+                                 on_copy_confirmed, d);
+    if (rc == BROKER_E_STALE) {
+        /* Its connection is gone and the broker hands the delivery out again: a copy now would
+         * be a second one for the same failure. */
+        log_context ctx = delivery_log_context(d, "abandoned");
+        log_warn(&ctx, "no %s copy: the delivery's connection closed; the broker redelivers it",
+                 d->out.action == OUTCOME_RETRY ? "retry" : "dead-letter");
+        s->retire(s->ctx, d);
+    } else if (rc != 0) {
+        broker_nack_requeue(s->broker, d->msg);
+        s->retire(s->ctx, d);
+    }
+}
+
+void settle_applied(store_job *job)
+{
+    delivery *d = delivery_of(job);
+    settler *s = d->settler;
+    metrics_observe_handler(s->metrics, job->consumer_index, job->duration_ns);
+    metrics_set_up(s->metrics, METRICS_DEP_MYSQL, job->status != APPLY_UNAVAILABLE);
+    settle_delivery(s, d, job->status);
+}
+
+void settle_delivery(settler *s, delivery *d, apply_status status)
+{
+    const config_consumer *c = d->consumer;
+    d->out = outcome_decide(status, d->retries, &c->retry, rng_next(&s->random));
+    log_context ctx = delivery_log_context(d, outcome_label_name(d->out.label));
+    switch (d->out.action) {
+    case OUTCOME_ACK:
+        outage_reset_backoff(s->outage);
+        if (d->retries > 0 && d->out.label == OUTCOME_PROCESSED)
+            log_info(&ctx, "processed after %u retries", d->retries);
+        else
+            log_info(&ctx, "%s", outcome_label_name(d->out.label));
+        broker_ack(s->broker, d->msg);
+        delivery_count_outcome(d, s->metrics, d->out.label);
+        s->retire(s->ctx, d);
+        return;
+    case OUTCOME_RETRY:
+        log_warn(&ctx, "retry %u of %u in %" PRIu64 " ms: %s", d->out.retries, c->retry.max_retries,
+                 d->out.delay_ms, d->job.error);
+        publish_copy(s, d);
+        return;
+    case OUTCOME_DEAD_LETTER:
+        log_error(&ctx, "dead-lettered (%s): %s", error_class_name(d->out.error_class),
+                  d->job.error);
+        publish_copy(s, d);
+        return;
+    case OUTCOME_HOLD:
+        ctx.outcome = "held";
+        log_warn(&ctx, "held until the database is usable: %s", d->job.error);
+        outage_begin(s->outage, &d->job);
+        outage_hold(s->outage, d);
+        return;
+    }
+}
