@@ -263,7 +263,7 @@ static void respond(http_conn *c, int status, const char *content_type, char *bo
         conn_close(c);
         return;
     }
-    if (log_enabled(CONFIG_LOG_DEBUG))
+    if (log_enabled(LOG_LEVEL_DEBUG))
         log_response(c, status);
     c->state = CONN_WRITING;
     uv_timer_start(&c->timer, on_deadline, c->server->write_timeout_ms, 0);
