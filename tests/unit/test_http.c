@@ -1426,7 +1426,8 @@ Test(http_setup, max_connections_and_head_timeout_options_are_honoured)
     cr_expect(ra.len == 0 && rb.len == 0, "an idle connection got a response: %s%s", ra.raw,
               rb.raw);
     cr_expect(closed_after >= 300 - 100 && closed_after < 1000,
-              "idle connections closed after %lld ms; head_timeout_ms 300", (long long)closed_after);
+              "idle connections closed after %lld ms; head_timeout_ms 300",
+              (long long)closed_after);
     reply_free(&ra);
     reply_free(&rb);
     close(a);
