@@ -21,37 +21,14 @@
 
 /* ------------------------------------------------------------------------------ fixture */
 
-static harness H;
-static bool h_ready;
-static pid_t daemon_pid;
+static harness_fixture F;
 
 static void teardown(void)
 {
-    harness_kill_idemq(&daemon_pid);
-    if (h_ready)
-        harness_fini(&H);
-    h_ready = false;
+    harness_fixture_fini(&F);
 }
 
 TestSuite(retention, .fini = teardown, .timeout = 120);
-
-static void setup(const char *name, const harness_options *o)
-{
-    harness_init(&H, name, o);
-    h_ready = true;
-}
-
-static bool wait_log(const char *needle, long at_least)
-{
-    return harness_wait_log(&H, needle, at_least, DEADLINE_MS);
-}
-
-/* Declares the topology, starts idemq and waits until it consumes. */
-static void start_daemon(void)
-{
-    harness_declare_topology(&H);
-    harness_start_idemq(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
-}
 
 /* ------------------------------------------------------------------------------ helpers */
 
@@ -67,7 +44,7 @@ static void insert_dedup_rows(const char *prefix, int count, const char *handler
                           "%s('%s%d', '%s', NOW(3) - INTERVAL %s - INTERVAL %d SECOND)",
                           i == start ? "" : ",", prefix, i, handler, age, i);
         cr_assert((size_t)n < sizeof sql);
-        harness_sql(&H, "%s", sql);
+        harness_sql(&F.h, "%s", sql);
     }
 }
 
@@ -86,7 +63,7 @@ static void publish_events(int from, int to)
                                    i, i, i);
         ptrs[k] = bodies[k];
     }
-    harness_publish_batch(&H, NULL, "application/json", ptrs, lens, (size_t)(to - from));
+    harness_publish_batch(&F.h, NULL, "application/json", ptrs, lens, (size_t)(to - from));
 }
 
 /* Orders o0..o<count-1> in PAYING (200 rows per statement: harness_sql has an 8 KiB buffer). */
@@ -99,7 +76,7 @@ static void insert_orders(int count)
             n += snprintf(sql + n, sizeof sql - (size_t)n, "%s('o%d','PAYING')",
                           i == start ? "" : ",", i);
         cr_assert((size_t)n < sizeof sql);
-        harness_sql(&H, "%s", sql);
+        harness_sql(&F.h, "%s", sql);
     }
 }
 
@@ -107,7 +84,7 @@ static void insert_orders(int count)
  * sweeps that deleted rows between the first and the last processed message. */
 static long long retention_deleted_total(long *during)
 {
-    json_t *all = harness_log_load(&H);
+    json_t *all = harness_log_load(&F.h);
     long long total = 0, first = -1, last = -1;
     size_t i;
     json_t *line;
@@ -158,16 +135,16 @@ static bool sweep_done_under_traffic(harness *h, void *arg)
 Test(retention, deletes_only_expired_rows_in_batches_while_traffic_flows)
 {
     harness_options o = {.top_yaml = "dedup: {retention: 1h, interval: 1s, batch: 100}\n"};
-    setup("retention", &o);
+    harness_fixture_init(&F, "retention", &o);
 
     /* The sweep's DELETE is a range scan on idx_created_at, not a table scan. (On a table of a
      * handful of rows, all expired, the optimizer rightly prefers a scan: test a mixed one.) */
     insert_dedup_rows("probe-", 5, "old", "2 HOUR");
     insert_dedup_rows("keep-", 50, "old", "50 MINUTE");
-    cr_assert(mysql_query(H.db, "EXPLAIN DELETE FROM msg_dedup WHERE created_at < NOW(3) - "
-                                "INTERVAL 3600 SECOND ORDER BY created_at LIMIT 100") == 0,
-              "%s", mysql_error(H.db));
-    MYSQL_RES *res = mysql_store_result(H.db);
+    cr_assert(mysql_query(F.h.db, "EXPLAIN DELETE FROM msg_dedup WHERE created_at < NOW(3) - "
+                                  "INTERVAL 3600 SECOND ORDER BY created_at LIMIT 100") == 0,
+              "%s", mysql_error(F.h.db));
+    MYSQL_RES *res = mysql_store_result(F.h.db);
     cr_assert_not_null(res);
     MYSQL_FIELD *fields = mysql_fetch_fields(res);
     unsigned nf = mysql_num_fields(res);
@@ -186,8 +163,8 @@ Test(retention, deletes_only_expired_rows_in_batches_while_traffic_flows)
     mysql_free_result(res);
 
     insert_orders(TRAFFIC_ORDERS);
-    start_daemon();
-    cr_expect_eq(harness_log_count(&H, "dedup retention on: rows older than 1h"), 1);
+    harness_fixture_start(&F, READY_LINE, DEADLINE_MS);
+    cr_expect_eq(harness_log_count(&F.h, "dedup retention on: rows older than 1h"), 1);
 
     /* Twice: expired rows appear while payment events keep flowing, until a sweep removed them. */
     traffic t = {0};
@@ -197,7 +174,7 @@ Test(retention, deletes_only_expired_rows_in_batches_while_traffic_flows)
         char prefix[32];
         snprintf(prefix, sizeof prefix, "old-%d-", round);
         insert_dedup_rows(prefix, 250, "old", "2 HOUR");
-        cr_assert(harness_wait_for(sweep_done_under_traffic, &H, &t, DEADLINE_MS),
+        cr_assert(harness_wait_for(sweep_done_under_traffic, &F.h, &t, DEADLINE_MS),
                   "expired rows were not deleted in time");
     }
     publish_events(t.published, t.published + 100);
@@ -205,37 +182,38 @@ Test(retention, deletes_only_expired_rows_in_batches_while_traffic_flows)
 
     char sql[256];
     snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'");
-    cr_assert(harness_wait_scalar(&H, t.published, DEADLINE_MS, sql));
-    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key LIKE 'keep-%%'"),
-                 50);
-    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE handler_name = "
-                                    "'pay-callback'"),
+    cr_assert(harness_wait_scalar(&F.h, t.published, DEADLINE_MS, sql));
+    cr_expect_eq(
+        harness_scalar(&F.h, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key LIKE 'keep-%%'"), 50);
+    cr_expect_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM msg_dedup WHERE handler_name = "
+                                      "'pay-callback'"),
                  t.published);
     /* One more sweep after the last deletion, then the counts in the log add up. */
-    long sweeps = harness_log_count(&H, "dedup retention: deleted");
-    cr_assert(wait_log("dedup retention: deleted", sweeps + 1));
+    long sweeps = harness_log_count(&F.h, "dedup retention: deleted");
+    cr_assert(harness_wait_log(&F.h, "dedup retention: deleted", sweeps + 1, DEADLINE_MS));
     long during = 0;
     cr_expect_eq(retention_deleted_total(&during), 505);
     cr_expect_geq(during, 2, "sweeps that deleted rows while messages were processed: %ld", during);
-    cr_expect_eq(harness_log_count(&H, "sweep failed"), 0);
-    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"dead_lettered\""), 0);
+    cr_expect_eq(harness_log_count(&F.h, "sweep failed"), 0);
+    cr_expect_eq(harness_log_count(&F.h, "\"outcome\":\"dead_lettered\""), 0);
     cr_log_info("retention under traffic: %d messages published, %ld sweeps deleted rows "
                 "meanwhile",
                 t.published, during);
-    harness_stop_idemq(&daemon_pid);
+    harness_stop_idemq(&F.daemon);
 }
 
 Test(retention, a_job_waiting_for_a_one_day_interval_stops_promptly_on_sigterm)
 {
     harness_options o = {.top_yaml = "dedup: {retention: 2s, interval: 1d}\n"};
-    setup("retention_stop", &o);
+    harness_fixture_init(&F, "retention_stop", &o);
     insert_dedup_rows("old-", 3, "old", "1 MINUTE");
-    start_daemon();
-    cr_assert(wait_log("dedup retention: deleted 3 msg_dedup rows older than 2s", 1));
-    cr_expect_eq(harness_log_count(&H, "dedup.retention is 2s, under 1h"), 1);
+    harness_fixture_start(&F, READY_LINE, DEADLINE_MS);
+    cr_assert(harness_wait_log(&F.h, "dedup retention: deleted 3 msg_dedup rows older than 2s", 1,
+                               DEADLINE_MS));
+    cr_expect_eq(harness_log_count(&F.h, "dedup.retention is 2s, under 1h"), 1);
     int64_t t0 = harness_now_ms();
-    int rc = harness_stop(daemon_pid, SIGTERM, 30000);
-    daemon_pid = 0;
+    int rc = harness_stop(F.daemon, SIGTERM, 30000);
+    F.daemon = 0;
     int64_t took = harness_now_ms() - t0;
     cr_expect_eq(rc, 0);
     cr_expect_lt(took, 5000,

@@ -233,6 +233,26 @@ void harness_fini(harness *h)
         nftw(h->dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
 }
 
+void harness_fixture_init(harness_fixture *f, const char *test_name, const harness_options *opts)
+{
+    harness_init(&f->h, test_name, opts);
+    f->ready = true;
+}
+
+void harness_fixture_start(harness_fixture *f, const char *ready_line, int timeout_ms)
+{
+    harness_declare_topology(&f->h);
+    harness_start_idemq(&f->h, ready_line, timeout_ms, &f->daemon);
+}
+
+void harness_fixture_fini(harness_fixture *f)
+{
+    harness_kill_idemq(&f->daemon);
+    if (f->ready)
+        harness_fini(&f->h);
+    f->ready = false;
+}
+
 /* -------------------------------------------------------------------------------------- waiting */
 
 int64_t harness_now_ms(void)

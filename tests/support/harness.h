@@ -64,6 +64,24 @@ void harness_fini(harness *h);
 /* Rewrites the config file with other options (same queue and database). */
 void harness_write_config(harness *h, const harness_options *opts);
 
+/* A suite's per-test state: one harness and the idemq it runs. Criterion runs each test in its
+ * own process, so a suite keeps one in a static and gives TestSuite a .fini that calls
+ * harness_fixture_fini: a test that an assertion ends early leaves no idemq, database or queue
+ * behind. */
+typedef struct harness_fixture {
+    harness h;
+    bool ready;   /* harness_init done: harness_fixture_fini runs harness_fini */
+    pid_t daemon; /* the `idemq run` of harness_fixture_start; 0: none */
+} harness_fixture;
+
+/* harness_init(&f->h, test_name, opts), then f->ready. */
+void harness_fixture_init(harness_fixture *f, const char *test_name, const harness_options *opts);
+/* Declares the topology (harness_declare_topology), then starts `idemq run` into f->daemon and
+ * waits up to timeout_ms for ready_line (borrowed; harness_start_idemq). */
+void harness_fixture_start(harness_fixture *f, const char *ready_line, int timeout_ms);
+/* Kills f->daemon if it runs (harness_kill_idemq), then harness_fini when f->ready; clears both. */
+void harness_fixture_fini(harness_fixture *f);
+
 /* -------------------------------------------------------------------------------------- waiting */
 
 /* Milliseconds since an arbitrary epoch (monotonic). */
