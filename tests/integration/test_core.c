@@ -1,8 +1,13 @@
 /*
- * Core integration tests (issue 2, "Must show"): the real idemq binary against real RabbitMQ and
- * MariaDB. Each test has its own database and queue (harness.h), so Criterion may run them in
- * parallel. Every wait is on an observable condition (a row count, a queue depth, a log line)
- * with a generous deadline; no sleep is used as synchronisation.
+ * test_core — effective-once processing end to end, the real idemq binary against real RabbitMQ
+ * and MariaDB: duplicates (in one process and across two) apply once, kill -9 mid-run loses and
+ * doubles nothing, the state machine's outcomes, bad input dead-lettered untouched, MessagePack
+ * like JSON, a bad config refused before connecting, and a failed business update rolling back
+ * its dedup row.
+ *
+ * Each test has its own database and queue (harness.h), so Criterion may run them in parallel.
+ * Every wait is on an observable condition (a row count, a queue depth, a log line) with a
+ * generous deadline; no sleep is used as synchronisation.
  *
  * Outcomes are read from idemq's JSON log lines ("outcome":"processed" …) and from the
  * "summary processed=… deduped=…" line it writes when it stops on SIGTERM.
@@ -347,9 +352,9 @@ static uint64_t rng_next(uint64_t *state)
     return *state;
 }
 
-/* ---- 1. duplicates ----------------------------------------------------------------------- */
+/* ---- duplicates ----------------------------------------------------------------------- */
 
-Test(core, thousand_events_plus_thousand_duplicates_in_random_order, .timeout = 240)
+Test(core, a_thousand_events_each_sent_twice_in_random_order_apply_once, .timeout = 240)
 {
     enum { ORDERS = 1000, MESSAGES = 2 * ORDERS };
     setup("dup1000", NULL);
@@ -413,9 +418,9 @@ Test(core, thousand_events_plus_thousand_duplicates_in_random_order, .timeout = 
     cr_expect_eq(harness_queue_depth(&H, dlq), 0);
 }
 
-/* ---- 2. two processes, concurrent duplicates ------------------------------------------------- */
+/* ---- two processes, concurrent duplicates ------------------------------------------------- */
 
-Test(core, two_processes_same_message_fifty_times_one_effect, .timeout = 120)
+Test(core, fifty_copies_of_one_message_across_two_processes_apply_once, .timeout = 120)
 {
     enum { COPIES = 50 };
     setup("two_procs", NULL);
@@ -470,7 +475,7 @@ Test(core, two_processes_same_message_fifty_times_one_effect, .timeout = 120)
     cr_expect_eq(harness_queue_depth(&H, H.queue), 0);
 }
 
-/* ---- 3. kill -9 mid-run ---------------------------------------------------------------- */
+/* ---- kill -9 mid-run ---------------------------------------------------------------- */
 
 Test(core, kill_9_mid_run_then_restart_applies_each_message_once, .timeout = 300)
 {
@@ -582,9 +587,10 @@ Test(core, kill_9_mid_run_then_restart_applies_each_message_once, .timeout = 300
               "none of %d kills left a committed-but-unacked message to redeliver", kills);
 }
 
-/* ---- 4. state machine -------------------------------------------------------------------- */
+/* ---- state machine -------------------------------------------------------------------- */
 
-Test(core, state_machine_against_the_database, .timeout = 120)
+Test(core, state_machine_applies_legal_steps_noops_repeats_and_dead_letters_illegal_ones,
+     .timeout = 120)
 {
     setup("state_machine", NULL);
     harness_sql(&H, "INSERT INTO orders VALUES ('a', 'PAYING', NULL), ('b', 'PAID', 500), "
@@ -660,7 +666,7 @@ Test(core, state_machine_against_the_database, .timeout = 120)
     cr_expect_eq(harness_queue_depth(&H, dlq), 0);
 }
 
-/* ---- 5. bad input ------------------------------------------------------------------------ */
+/* ---- bad input ------------------------------------------------------------------------ */
 
 typedef struct bad_case {
     const char *id;
@@ -823,7 +829,7 @@ Test(core, bad_input_is_dead_lettered_untouched_and_never_stalls_the_queue, .tim
     cr_expect_eq(harness_queue_depth(&H, dlq), 0);
 }
 
-/* ---- 6. MessagePack ---------------------------------------------------------------------- */
+/* ---- MessagePack ---------------------------------------------------------------------- */
 
 static void publish_msgpack(const char *content_type, const char *biz_key, const char *order_id,
                             long amount)
@@ -875,7 +881,7 @@ Test(core, msgpack_events_are_processed_like_json, .timeout = 120)
     cr_expect_eq(s.dead_lettered, 0);
 }
 
-/* ---- 7. config errors ------------------------------------------------------------------- */
+/* ---- config errors ------------------------------------------------------------------- */
 
 Test(core, config_with_five_mistakes_exits_2_and_connects_nowhere, .timeout = 60)
 {
@@ -965,7 +971,7 @@ Test(core, config_with_five_mistakes_exits_2_and_connects_nowhere, .timeout = 60
     rmdir(h.dir);
 }
 
-/* ---- 8. the business update fails: nothing commits, nothing is swallowed ---------------- */
+/* ---- the business update fails: nothing commits, nothing is swallowed ---------------- */
 
 Test(core, failed_business_update_rolls_back_the_dedup_row, .timeout = 120)
 {

@@ -1,5 +1,5 @@
 /*
- * test_http_daemon — the ops endpoint of a real `idemq run` (issue 4, "Must show"):
+ * test_http_daemon — the ops endpoint of a real `idemq run`:
  *   - /metrics parses (a strict line check here; the full Prometheus checker is in
  *     tests/unit/test_http.c) and its counters match what the test published: N processed,
  *     M deduped, K dead-lettered;

@@ -1,12 +1,16 @@
 /*
- * test_outage — MariaDB stopped for 20 s under load (issue 3, "Must show"; DESIGN.md invariant
- * 6: an infrastructure outage does not burn the retry budget).
+ * test_outage — a database outage pauses consumption instead of burning the retry budget (no
+ * message enters the retry ladder or the DLQ because the database is away): MariaDB stopped for
+ * 20 s under load, and a server that answers but is read-only (after a failover), on which the
+ * outage probe must not resume.
  *
  * A separate executable because it stops the shared MariaDB server (scripts/services
- * stop-mariadb / start-mariadb): every other suite running at the same time sees the outage.
+ * stop-mariadb / start-mariadb) and sets its global read_only: every other suite running at the
+ * same time sees the outage.
  * MariaDB is started again by the test's teardown even when an assertion fails, and by a guard
  * process (harness_db_guard_arm: it waits on a pipe and starts MariaDB when the test process goes
- * away, whatever the reason: crash, Criterion timeout, kill).
+ * away, whatever the reason: crash, Criterion timeout, kill); read_only is turned off again by
+ * the teardown.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -15,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -27,11 +32,19 @@ static harness H;
 static bool h_ready;
 static pid_t daemon_pid;
 static harness_db_guard db_guard = HARNESS_DB_GUARD_INIT;
+static bool read_only_set; /* SET GLOBAL read_only = 1 is in force: teardown undoes it */
+static char db_user[64];   /* a MariaDB account made by the test: teardown drops it */
 
 static void teardown(void)
 {
     harness_kill_idemq(&daemon_pid);
     harness_db_guard_recover(&H, &db_guard);
+    if (h_ready && read_only_set)
+        harness_sql(&H, "SET GLOBAL read_only = 0");
+    read_only_set = false;
+    if (h_ready && db_user[0])
+        harness_sql(&H, "DROP USER '%s'@'%%'", db_user);
+    db_user[0] = '\0';
     if (h_ready) {
         harness_fini(&H);
         h_ready = false;
@@ -175,4 +188,70 @@ Test(outage, mariadb_down_20s_under_load_burns_no_retries, .fini = teardown, .ti
     cr_assert(harness_log_count(&H, "database unavailable, pausing consumption") >= 1);
     cr_assert(harness_log_count(&H, "database reachable again, resuming consumption") >= 1);
     cr_assert(applied_at_stop < BEFORE_OUTAGE, "the outage should hit while work is queued");
+}
+
+/* ------------------------------------------------------------------------------ read-only */
+
+/* Rewrites the mysql URL's credentials in the generated config. */
+static void use_mysql_login(harness *h, const char *user, const char *password)
+{
+    FILE *f = fopen(h->config_path, "r");
+    cr_assert(f);
+    static char text[16384], out[16400];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    char *url = strstr(text, "mysql://");
+    cr_assert(url);
+    char *at = strchr(url, '@');
+    cr_assert(at);
+    snprintf(out, sizeof out, "%.*smysql://%s:%s%s", (int)(url - text), text, user, password, at);
+    f = fopen(h->config_path, "w");
+    cr_assert(f);
+    fputs(out, f);
+    fclose(f);
+}
+
+/* A server that answers but refuses writes (read_only after a failover) is an outage too: the
+ * probe must not resume consumption on it, or consumption flaps between paused and failing. */
+Test(outage, a_read_only_database_keeps_consumption_paused_until_it_accepts_writes,
+     .fini = teardown, .timeout = 120)
+{
+    harness_init(&H, "readonly", NULL);
+    h_ready = true;
+    /* read_only binds only accounts without SUPER / READ ONLY ADMIN: use a plain one. */
+    snprintf(db_user, sizeof db_user, "app_%d", (int)getpid());
+    const char *user = db_user;
+    harness_sql(&H, "CREATE USER '%s'@'%%' IDENTIFIED BY 'pw'", user);
+    harness_sql(&H, "GRANT SELECT, INSERT, UPDATE, DELETE ON `%s`.* TO '%s'@'%%'", H.database,
+                user);
+    use_mysql_login(&H, user, "pw");
+    harness_insert_orders(&H, "r", 50, "PAYING");
+    harness_declare_topology(&H);
+
+    read_only_set = true;
+    harness_sql(&H, "SET GLOBAL read_only = 1");
+    for (int i = 0; i < 50; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "r%d", i);
+        harness_publish_event(&H, id, "PAY_SUCCESS", i);
+    }
+    daemon_pid = harness_spawn(&H);
+    bool was_paused = harness_wait_log(&H, "pausing consumption", 1, 30000);
+    /* Stay read-only for several probes (they back off: 0.5 s, 1 s, 2 s): each must fail. */
+    bool probed = was_paused && harness_wait_log(&H, "database still unavailable (probe", 3, 30000);
+    long pauses = harness_log_count(&H, "pausing consumption");
+    harness_sql(&H, "SET GLOBAL read_only = 0");
+    read_only_set = false;
+    cr_assert(was_paused, "a read-only database did not pause consumption (log: %s)", H.log_path);
+    cr_expect(probed, "fewer than 3 failed probes on a read-only server (log: %s)", H.log_path);
+    cr_expect_eq(pauses, 1,
+                 "consumption paused %ld times over 3 probes: the probe resumed on a "
+                 "read-only server",
+                 pauses);
+    cr_assert(harness_wait_scalar(&H, 50, 60000, "SELECT COUNT(*) FROM msg_dedup"));
+    cr_assert_eq(harness_stop(daemon_pid, SIGTERM, 25000), 0);
+    daemon_pid = 0;
+    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"dead_lettered\""), 0);
+    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"retried\""), 0);
 }

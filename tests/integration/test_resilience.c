@@ -1,10 +1,14 @@
 /*
- * Resilience of `idemq run` against a real RabbitMQ and MariaDB: graceful shutdown under load,
- * broker restarts in the middle of a run, and several consumers in one process. These tests stop
- * and start the shared broker, so they live in their own executable (scripts/test runs
- * integration suites one test at a time).
+ * test_resilience — `idemq run` against a real RabbitMQ and MariaDB: graceful shutdown under
+ * load acks what it committed, a broker stopped in the middle of a run (stop_app/start_app, a
+ * full restart) still applies every message exactly once, and one consumer's failures do not
+ * hold up another in the same process.
+ *
+ * These tests stop and start the shared broker, so they live in their own executable
+ * (scripts/test runs integration suites one test at a time).
  */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +69,29 @@ static void wait_applied_at_least(harness *h, long n)
               "idemq applied fewer than %ld messages in 60 s (log: %s)", n, h->log_path);
 }
 
+/* "outcome":"processed" lines idemq logged before the first line whose msg starts with
+ * msg_prefix (borrowed); -1 when it logged no such line. */
+static long processed_before(harness *h, const char *msg_prefix)
+{
+    json_t *all = harness_log_load(h);
+    long processed = 0, found = -1;
+    size_t i;
+    json_t *line;
+    json_array_foreach(all, i, line)
+    {
+        const char *msg = json_string_value(json_object_get(line, "msg"));
+        if (msg && strncmp(msg, msg_prefix, strlen(msg_prefix)) == 0) {
+            found = processed;
+            break;
+        }
+        const char *outcome = json_string_value(json_object_get(line, "outcome"));
+        if (outcome && strcmp(outcome, "processed") == 0)
+            processed++;
+    }
+    json_decref(all);
+    return found;
+}
+
 static bool dlq_full(harness *h, void *arg)
 {
     return harness_queue_depth(h, arg) >= 200;
@@ -121,17 +148,31 @@ static void restart_mid_run(const char *name, const char *stop_args, const char 
     pid_t pid = harness_spawn(&h);
     wait_applied_at_least(&h, 300);
 
+    /* The stop must land mid-run: messages still unapplied right before it, and idemq losing
+     * its connection (checked in its log below) before it had processed them all. */
+    long applied_before_stop = (long)harness_scalar(&h, "SELECT COUNT(*) FROM msg_dedup");
+    cr_assert(applied_before_stop < EVENTS,
+              "all %d messages were applied before the broker stopped: the test proves nothing",
+              EVENTS);
     harness_services_ok(stop_args);
     if (start_args)
         harness_services_ok(start_args);
     /* The harness's own connection died with the broker. */
     harness_reconnect_amqp(&h, 60000);
+    cr_assert(harness_wait_log(&h, "RabbitMQ connection lost", 1, 60000),
+              "idemq did not log the connection loss (log: %s)", h.log_path);
 
     cr_assert(harness_wait_scalar(&h, EVENTS, 180000, "SELECT COUNT(*) FROM msg_dedup"),
               "not every message was applied after the broker came back (log: %s)", h.log_path);
     cr_assert_eq(harness_stop(pid, SIGTERM, 25000), 0);
     cr_expect(harness_log_count(&h, "reconnected to RabbitMQ") >= 1,
               "idemq did not report a reconnect");
+    long processed_before_loss = processed_before(&h, "RabbitMQ connection lost");
+    cr_expect(processed_before_loss >= 0 && processed_before_loss < EVENTS,
+              "idemq had processed %ld of %d messages when it logged the connection loss",
+              processed_before_loss, EVENTS);
+    cr_log_info("broker stop: %ld applied right before it, %ld processed before the loss",
+                applied_before_stop, processed_before_loss);
     cr_expect_eq(harness_scalar(&h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
     /* Exactly once: every event committed once; redeliveries of work finished while the
      * connection was down were recognised by the dedup row. */
@@ -158,12 +199,12 @@ static void restart_mid_run(const char *name, const char *stop_args, const char 
     harness_fini(&healed);
 }
 
-Test(resilience, rabbitmq_stop_app_start_app_mid_run, .timeout = 300)
+Test(resilience, rabbitmq_stop_app_start_app_mid_run_applies_each_message_once, .timeout = 300)
 {
     restart_mid_run("stopapp", "rabbitmqctl stop_app", "rabbitmqctl start_app");
 }
 
-Test(resilience, rabbitmq_full_restart_mid_run, .timeout = 300)
+Test(resilience, rabbitmq_full_restart_mid_run_applies_each_message_once, .timeout = 300)
 {
     restart_mid_run("restart", "restart-rabbitmq", NULL);
 }

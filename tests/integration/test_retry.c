@@ -1,6 +1,9 @@
 /*
- * test_retry — the retry ladder and the dead-letter queue against real RabbitMQ and MariaDB
- * (issue 3, "Must show"), driving the real idemq binary.
+ * test_retry — the retry ladder and the dead-letter queue against real RabbitMQ and MariaDB,
+ * driving the real idemq binary: recovery within the schedule, exhausted retries and
+ * non-retryable failures in the DLQ with the original body and headers (a producer's user_id
+ * moved to a header), the jitter bound, retry counts across kill -9, retries that reach only the
+ * consumer's queue, a clear 406 on a changed TTL, and the dlq list/replay/purge commands.
  *
  * Failure injection without mocks: a BEFORE UPDATE trigger on `orders` SIGNALs a deadlock
  * (SQLSTATE 40001, errno 1213: retryable) while the order's counter in `fail_budget` is above
@@ -28,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "broker/connection.h"
 #include "broker/message.h"
 #include "harness.h"
 
@@ -43,10 +47,17 @@ static bool h_ready;
 static pid_t daemon_pid;
 static char extra_exchange[200]; /* deleted at teardown when set */
 static char extra_queue[200];
+static char extra_user[64]; /* a RabbitMQ user, deleted at teardown when set */
 
 static void teardown(void)
 {
     harness_kill_idemq(&daemon_pid);
+    if (extra_user[0]) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rabbitmqctl delete_user %s", extra_user);
+        harness_services_ok(cmd);
+        extra_user[0] = '\0';
+    }
     if (!h_ready)
         return;
     if (extra_queue[0])
@@ -315,7 +326,7 @@ static bool wait_metric(const char *name, const char *extra_labels, long long ex
     return ok;
 }
 
-/* ------------------------------------------------------------------------------ 1. recovery */
+/* ------------------------------------------------------------------------------ recovery */
 
 Test(retry, fails_three_times_then_succeeds_within_schedule, .fini = teardown, .timeout = 60)
 {
@@ -397,7 +408,7 @@ Test(retry, fails_three_times_then_succeeds_within_schedule, .fini = teardown, .
     cr_assert_eq(depth_of(".dlq"), 0);
 }
 
-/* ------------------------------------------------------------------------------ 2. exhausted */
+/* ------------------------------------------------------------------------------ exhausted */
 
 Test(retry, always_failing_ends_in_dlq_with_original_body_and_headers, .fini = teardown,
      .timeout = 60)
@@ -525,7 +536,72 @@ Test(retry, always_failing_ends_in_dlq_with_original_body_and_headers, .fini = t
     json_decref(all);
 }
 
-/* ------------------------------------------------------------------------------ 3. non-retryable */
+/* ------------------------------------------------------------------------------ user_id */
+
+/* A producer may stamp user_id (RabbitMQ checks it against the producer's own login). idemq,
+ * logged in as itself, must not copy it onto the dead-letter copy (the broker would close its
+ * channel) and keeps it in idemq-original-user-id instead. */
+static bool dlq_has(harness *h, void *arg)
+{
+    return harness_queue_depth(h, arg) >= 1;
+}
+
+Test(retry, a_producers_user_id_moves_to_a_header_and_does_not_break_the_dead_letter_copy,
+     .fini = teardown, .timeout = 90)
+{
+    setup("userid", NULL);
+    snprintf(extra_user, sizeof extra_user, "producer_%d", (int)getpid());
+    const char *user = extra_user;
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rabbitmqctl add_user %s secret", user);
+    harness_services_ok(cmd);
+    snprintf(cmd, sizeof cmd, "rabbitmqctl set_permissions -p / %s '.*' '.*' '.*'", user);
+    harness_services_ok(cmd);
+    harness_declare_topology(&H);
+
+    /* The producer logs in as itself and stamps user_id, as RabbitMQ allows. */
+    char url[256];
+    const char *base = getenv("IDEMQ_TEST_AMQP_URL");
+    const char *host = strchr(base, '@');
+    cr_assert(host);
+    snprintf(url, sizeof url, "amqp://%s:secret%s", user, host);
+    amqp_connection_state_t producer;
+    char err[256];
+    broker_open_options bo = {.url = url};
+    cr_assert(broker_open(&bo, &producer, err, sizeof err) == 0, "%s", err);
+    amqp_basic_properties_t props = {._flags =
+                                         AMQP_BASIC_USER_ID_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG,
+                                     .user_id = amqp_cstring_bytes(user),
+                                     .content_type = amqp_cstring_bytes("application/json")};
+    const char body[] = "{\"biz_key\":\"order_id:u1:REFUND_SUCCESS\",\"order_id\":\"u1\","
+                        "\"event_type\":\"REFUND_SUCCESS\"}";
+    amqp_bytes_t bytes = {.len = sizeof body - 1, .bytes = (void *)body};
+    cr_assert(amqp_basic_publish(producer, BROKER_CHANNEL, amqp_empty_bytes,
+                                 amqp_cstring_bytes(H.queue), 0, 0, &props,
+                                 bytes) == AMQP_STATUS_OK);
+    broker_close(producer);
+    harness_insert_orders(&H, "u", 2, "PAID"); /* u1 PAID: REFUND_SUCCESS is illegal → DLQ */
+
+    daemon_pid = harness_spawn(&H);
+    char dlq[160];
+    snprintf(dlq, sizeof dlq, "%s.dlq", H.queue);
+    cr_assert(harness_wait_for(dlq_has, &H, dlq, 30000),
+              "the dead-letter copy never arrived (log: %s)", H.log_path);
+    cr_assert_eq(harness_stop(daemon_pid, SIGTERM, 25000), 0);
+    daemon_pid = 0;
+    cr_expect_eq(harness_log_count(&H, "RabbitMQ connection lost"), 0,
+                 "copying the message broke the connection");
+    amqp_message_t m;
+    cr_assert(harness_get(&H, dlq, &m));
+    cr_expect(!(m.properties._flags & AMQP_BASIC_USER_ID_FLAG));
+    char original[64];
+    cr_expect(header_text(&m, "idemq-original-user-id", original, sizeof original) &&
+                  strcmp(original, user) == 0,
+              "the producer's user_id is not kept in idemq-original-user-id");
+    amqp_destroy_message(&m);
+}
+
+/* ------------------------------------------------------------------------------ non-retryable */
 
 Test(retry, non_retryable_goes_straight_to_dlq, .fini = teardown, .timeout = 60)
 {
@@ -586,7 +662,7 @@ Test(retry, non_retryable_goes_straight_to_dlq, .fini = teardown, .timeout = 60)
     cr_assert(saw_malformed && saw_illegal);
 }
 
-/* ------------------------------------------------------------------------------ 4. head of line */
+/* ------------------------------------------------------------------------------ head of line */
 
 Test(retry, level_three_copy_behind_largest_jitter_is_back_within_bound, .fini = teardown,
      .timeout = 60)
@@ -660,7 +736,7 @@ Test(retry, level_three_copy_behind_largest_jitter_is_back_within_bound, .fini =
     cr_assert_eq(depth(level3), 0);
 }
 
-/* ------------------------------------------------------------------------------ 5. kill -9 */
+/* ------------------------------------------------------------------------------ kill -9 */
 
 #define KILL_ORDERS 20
 
@@ -792,7 +868,7 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
               "(the count travels in the header)");
 }
 
-/* ------------------------------------------------------------------------------ 6. topic */
+/* ------------------------------------------------------------------------------ topic */
 
 Test(retry, retries_reach_only_the_consumer_queue_not_topic_siblings, .fini = teardown,
      .timeout = 60)
@@ -853,7 +929,7 @@ Test(retry, retries_reach_only_the_consumer_queue_not_topic_siblings, .fini = te
     amqp_destroy_message(&m);
 }
 
-/* ------------------------------------------------------------------------------ 7. topology */
+/* ------------------------------------------------------------------------------ topology */
 
 Test(retry, redeclaring_with_another_ttl_is_a_clear_406, .fini = teardown, .timeout = 60)
 {
@@ -913,7 +989,7 @@ Test(retry, redeclaring_with_another_ttl_is_a_clear_406, .fini = teardown, .time
     cr_assert(harness_log_count(&H, expect) > 0);
 }
 
-/* ------------------------------------------------------------------------------ 8. DLQ tools */
+/* ------------------------------------------------------------------------------ DLQ tools */
 
 static bool key_in_listing(json_t *doc, const char *key, json_t **found)
 {
@@ -929,7 +1005,7 @@ static bool key_in_listing(json_t *doc, const char *key, json_t **found)
     return false;
 }
 
-Test(retry, dlq_list_replay_purge, .fini = teardown, .timeout = 60)
+Test(retry, dlq_list_keeps_replay_applies_once_and_purge_needs_yes, .fini = teardown, .timeout = 60)
 {
     harness_options o = {.retry_set = true, .max_retries = 3, .base = "100ms", .jitter = "50ms"};
     setup("retry_dlq_tools", &o);

@@ -1,22 +1,29 @@
 /*
- * harness — see harness.h. Test-only code: failures abort the test through cr_assert.
+ * harness — see harness.h, whose sections this file follows. Test-only code, on the test's own
+ * thread: failures abort the test through cr_assert.
  */
 /* nftw needs the X/Open extensions. */
 #define _XOPEN_SOURCE 700
 #include "harness.h"
 
 #include <amqp_tcp_socket.h>
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -26,6 +33,8 @@
 #include "store/dsn.h"
 #include "store/store.h"
 
+/* ---------------------------------------------------------------------------------- connections */
+
 static const char *required_env(const char *name)
 {
     const char *value = getenv(name);
@@ -34,12 +43,54 @@ static const char *required_env(const char *name)
     return value;
 }
 
-int64_t harness_now_ms(void)
+/* The harness's own pace between two looks at a condition (never a wait for an event). */
+static void pause_ms(int ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    struct timespec pause = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+    nanosleep(&pause, NULL);
 }
+
+/* Connects to database (NULL: none) with IDEMQ_TEST_MYSQL_URL's server and login;
+ * connect_timeout_s 0 keeps the client's default. Returns the connection (owned), or NULL with
+ * the reason in err. */
+static MYSQL *try_connect_database(const char *database, unsigned int connect_timeout_s,
+                                   char *err, size_t err_len)
+{
+    store_dsn dsn;
+    cr_assert(store_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, err_len) == 0,
+              "%s", err);
+    MYSQL *db = mysql_init(NULL);
+    cr_assert(db);
+    if (connect_timeout_s)
+        mysql_options(db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout_s);
+    const char *host = dsn.socket[0] ? "localhost" : dsn.host;
+    if (mysql_real_connect(db, host, dsn.user, dsn.password, database, dsn.port,
+                           dsn.socket[0] ? dsn.socket : NULL, 0))
+        return db;
+    snprintf(err, err_len, "%s", mysql_error(db));
+    mysql_close(db);
+    return NULL;
+}
+
+static MYSQL *connect_database(const char *database)
+{
+    char err[256];
+    MYSQL *db = try_connect_database(database, 0, err, sizeof err);
+    cr_assert(db, "cannot connect to MariaDB: %s", err);
+    return db;
+}
+
+/* After a channel error: reopens the channel in confirm mode, so publishes keep confirming (a
+ * reopened channel numbers its publishes from 1 again). Returns whether confirm.select worked. */
+static bool reopen_channel(harness *h)
+{
+    broker_reopen_channel(h->amqp);
+    amqp_confirm_select(h->amqp, BROKER_CHANNEL);
+    h->publish_seq = 0;
+    return amqp_get_rpc_reply(h->amqp).reply_type == AMQP_RESPONSE_NORMAL;
+}
+
+/* -------------------------------------------------------------------------------------- fixture */
 
 static void mysql_url_for(const harness *h, char *buf, size_t len)
 {
@@ -100,21 +151,6 @@ void harness_write_config(harness *h, const harness_options *o)
     fclose(f);
 }
 
-static MYSQL *connect_database(const char *database)
-{
-    store_dsn dsn;
-    char err[256];
-    cr_assert(store_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, sizeof err) == 0,
-              "%s", err);
-    MYSQL *db = mysql_init(NULL);
-    cr_assert(db);
-    const char *host = dsn.socket[0] ? "localhost" : dsn.host;
-    cr_assert(mysql_real_connect(db, host, dsn.user, dsn.password, database, dsn.port,
-                                 dsn.socket[0] ? dsn.socket : NULL, 0),
-              "cannot connect to MariaDB: %s", mysql_error(db));
-    return db;
-}
-
 void harness_init(harness *h, const char *test_name, const harness_options *opts)
 {
     memset(h, 0, sizeof *h);
@@ -145,15 +181,6 @@ void harness_init(harness *h, const char *test_name, const harness_options *opts
     broker_open_options bo = {.url = required_env("IDEMQ_TEST_AMQP_URL"), .confirms = 1};
     cr_assert(broker_open(&bo, &h->amqp, err, sizeof err) == 0, "RabbitMQ: %s", err);
     harness_write_config(h, opts);
-}
-
-/* After a channel error: reopen the channel in confirm mode, so publishes keep confirming. */
-static void reopen_channel(harness *h)
-{
-    broker_reopen_channel(h->amqp);
-    amqp_confirm_select(h->amqp, BROKER_CHANNEL);
-    amqp_get_rpc_reply(h->amqp);
-    h->publish_seq = 0;
 }
 
 static void delete_queue(harness *h, const char *queue)
@@ -205,6 +232,82 @@ void harness_fini(harness *h)
     if (h->dir[0] && !getenv("IDEMQ_TEST_KEEP"))
         nftw(h->dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
 }
+
+void harness_fixture_init(harness_fixture *f, const char *test_name, const harness_options *opts)
+{
+    harness_init(&f->h, test_name, opts);
+    f->ready = true;
+}
+
+void harness_fixture_start(harness_fixture *f, const char *ready_line, int timeout_ms)
+{
+    harness_declare_topology(&f->h);
+    harness_start_idemq(&f->h, ready_line, timeout_ms, &f->daemon);
+}
+
+void harness_fixture_fini(harness_fixture *f)
+{
+    harness_kill_idemq(&f->daemon);
+    if (f->ready)
+        harness_fini(&f->h);
+    f->ready = false;
+}
+
+/* -------------------------------------------------------------------------------------- waiting */
+
+int64_t harness_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool harness_wait_for(bool (*cond)(harness *h, void *arg), harness *h, void *arg, int timeout_ms)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    for (;;) {
+        if (cond(h, arg))
+            return true;
+        if (harness_now_ms() >= deadline)
+            return false;
+        pause_ms(20);
+    }
+}
+
+typedef struct scalar_wait {
+    const char *sql;
+    long long expected;
+    bool at_least; /* expected is a minimum, not the value */
+    long long last;
+} scalar_wait;
+
+static bool scalar_reached(harness *h, void *arg)
+{
+    scalar_wait *w = arg;
+    w->last = harness_scalar(h, "%s", w->sql);
+    return w->at_least ? w->last >= w->expected : w->last == w->expected;
+}
+
+bool harness_wait_scalar(harness *h, long long expected, int timeout_ms, const char *sql)
+{
+    scalar_wait w = {.sql = sql, .expected = expected};
+    bool ok = harness_wait_for(scalar_reached, h, &w, timeout_ms);
+    if (!ok)
+        cr_log_error("waited %d ms for `%s` = %lld; last value %lld", timeout_ms, sql, expected,
+                     w.last);
+    return ok;
+}
+
+long long harness_wait_scalar_at_least(harness *h, long long min, int timeout_ms, const char *sql)
+{
+    scalar_wait w = {.sql = sql, .expected = min, .at_least = true};
+    if (!harness_wait_for(scalar_reached, h, &w, timeout_ms))
+        cr_log_error("waited %d ms for `%s` >= %lld; last value %lld", timeout_ms, sql, min,
+                     w.last);
+    return w.last;
+}
+
+/* ---------------------------------------------------------------------------- the test database */
 
 static void vsql(harness *h, const char *fmt, va_list ap)
 {
@@ -261,8 +364,36 @@ void harness_insert_orders(harness *h, const char *prefix, int count, const char
     }
 }
 
-static void wait_confirm(harness *h, uint64_t seq)
+MYSQL *harness_db_open(harness *h)
 {
+    return connect_database(h->database);
+}
+
+void harness_db_reconnect(harness *h, int timeout_ms)
+{
+    if (h->db)
+        mysql_close(h->db);
+    h->db = NULL;
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    for (;;) {
+        char reason[256];
+        h->db = try_connect_database(h->database, 2, reason, sizeof reason);
+        if (h->db)
+            return;
+        cr_assert(harness_now_ms() < deadline, "cannot reconnect to MariaDB within %d ms: %s",
+                  timeout_ms, reason);
+        pause_ms(100);
+    }
+}
+
+/* ----------------------------------------------------------------------------------- the broker */
+
+/* Waits for the publisher confirm of publish number seq. *returned (unless NULL) is set when the
+ * broker returned the message as unroutable before confirming it. */
+static void wait_confirm(harness *h, uint64_t seq, bool *returned)
+{
+    if (returned)
+        *returned = false;
     for (;;) {
         amqp_frame_t frame;
         struct timeval timeout = {.tv_sec = 10};
@@ -270,14 +401,16 @@ static void wait_confirm(harness *h, uint64_t seq)
         cr_assert(rc == AMQP_STATUS_OK, "waiting for a publisher confirm: %s",
                   amqp_error_string2(rc));
         if (frame.frame_type != AMQP_FRAME_METHOD)
-            continue;
+            continue; /* e.g. the content of a basic.return */
+        if (frame.payload.method.id == AMQP_BASIC_RETURN_METHOD && returned)
+            *returned = true;
+        cr_assert(frame.payload.method.id != AMQP_BASIC_NACK_METHOD, "publish was nacked");
+        cr_assert(frame.payload.method.id != AMQP_CHANNEL_CLOSE_METHOD, "channel closed");
         if (frame.payload.method.id == AMQP_BASIC_ACK_METHOD) {
             const amqp_basic_ack_t *ack = frame.payload.method.decoded;
             if (ack->delivery_tag >= seq)
                 return;
         }
-        cr_assert(frame.payload.method.id != AMQP_BASIC_NACK_METHOD, "publish was nacked");
-        cr_assert(frame.payload.method.id != AMQP_CHANNEL_CLOSE_METHOD, "channel closed");
     }
 }
 
@@ -308,7 +441,7 @@ void harness_publish(harness *h, const char *routing_key, const char *content_ty
                                 amqp_cstring_bytes(routing_key ? routing_key : h->queue), 0, 0,
                                 &props, bytes);
     cr_assert(rc == AMQP_STATUS_OK, "publish: %s", amqp_error_string2(rc));
-    wait_confirm(h, ++h->publish_seq);
+    wait_confirm(h, ++h->publish_seq, NULL);
     amqp_maybe_release_buffers(h->amqp);
 }
 
@@ -322,145 +455,20 @@ void harness_publish_event(harness *h, const char *order_id, const char *event, 
     harness_publish(h, NULL, "application/json", body, (size_t)n, NULL);
 }
 
-long harness_queue_depth(harness *h, const char *queue)
+void harness_publish_props(harness *h, const char *exchange, const char *routing_key,
+                           const amqp_basic_properties_t *props, const void *body, size_t len)
 {
-    amqp_queue_declare_ok_t *ok = amqp_queue_declare(h->amqp, BROKER_CHANNEL,
-                                                     amqp_cstring_bytes(queue), 1, 0, 0, 0,
-                                                     amqp_empty_table);
-    if (!ok) {
-        reopen_channel(h);
-        return -1;
-    }
-    return (long)ok->message_count;
-}
-
-bool harness_get(harness *h, const char *queue, amqp_message_t *out)
-{
-    amqp_rpc_reply_t reply = amqp_basic_get(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(queue), 1);
-    cr_assert(reply.reply_type == AMQP_RESPONSE_NORMAL, "basic.get on %s failed", queue);
-    if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
-        return false;
-    reply = amqp_read_message(h->amqp, BROKER_CHANNEL, out, 0);
-    cr_assert(reply.reply_type == AMQP_RESPONSE_NORMAL, "reading a message from %s failed", queue);
-    return true;
-}
-
-static pid_t spawn(harness *h, const char *const *argv, int out_fd)
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert(pid >= 0, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        dup2(out_fd, STDOUT_FILENO);
-        dup2(out_fd, STDERR_FILENO);
-        setpgid(0, 0);
-        /* A failed assertion ends the test process; its idemq must not outlive it. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execv(IDEMQ_BINARY, (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", IDEMQ_BINARY, strerror(errno));
-        _exit(127);
-    }
-    (void)h;
-    return pid;
-}
-
-pid_t harness_spawn(harness *h)
-{
-    return harness_spawn_logged(h, h->log_path);
-}
-
-int harness_run_cli(harness *h, char **output, const char *const *args)
-{
-    char out_path[400];
-    snprintf(out_path, sizeof out_path, "%s/cli.out", h->dir);
-    int fd = open(out_path, O_RDWR | O_CREAT | O_TRUNC, 0644);
-    cr_assert(fd >= 0);
-    const char *argv[32] = {IDEMQ_BINARY};
-    size_t n = 1;
-    for (; args[n - 1] && n < 31; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    pid_t pid = spawn(h, argv, fd);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (output) {
-        off_t size = lseek(fd, 0, SEEK_END);
-        *output = calloc(1, (size_t)size + 1);
-        cr_assert(*output);
-        cr_assert(pread(fd, *output, (size_t)size, 0) == size);
-    }
-    close(fd);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-int harness_stop(pid_t pid, int sig, int timeout_ms)
-{
-    kill(pid, sig);
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    int status;
-    while (harness_now_ms() < deadline) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        struct timespec pause = {.tv_nsec = 10 * 1000000};
-        nanosleep(&pause, NULL);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    return -1;
-}
-
-long harness_log_count(harness *h, const char *needle)
-{
-    return harness_log_count_both(h->log_path, needle, NULL);
-}
-
-bool harness_wait_for(bool (*cond)(harness *h, void *arg), harness *h, void *arg, int timeout_ms)
-{
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    for (;;) {
-        if (cond(h, arg))
-            return true;
-        if (harness_now_ms() >= deadline)
-            return false;
-        struct timespec pause = {.tv_nsec = 20 * 1000000};
-        nanosleep(&pause, NULL);
-    }
-}
-
-typedef struct scalar_wait {
-    const char *sql;
-    long long expected;
-    bool at_least; /* expected is a minimum, not the value */
-    long long last;
-} scalar_wait;
-
-static bool scalar_reached(harness *h, void *arg)
-{
-    scalar_wait *w = arg;
-    w->last = harness_scalar(h, "%s", w->sql);
-    return w->at_least ? w->last >= w->expected : w->last == w->expected;
-}
-
-bool harness_wait_scalar(harness *h, long long expected, int timeout_ms, const char *sql)
-{
-    scalar_wait w = {.sql = sql, .expected = expected};
-    bool ok = harness_wait_for(scalar_reached, h, &w, timeout_ms);
-    if (!ok)
-        cr_log_error("waited %d ms for `%s` = %lld; last value %lld", timeout_ms, sql, expected,
-                     w.last);
-    return ok;
-}
-
-/* ---- added for tests/integration/test_core.c (append-only) ---------------------------------- */
-
-void harness_declare_topology(harness *h)
-{
-    char *output = NULL;
-    const char *args[] = {"topology", "-c", h->config_path, NULL};
-    int rc = harness_run_cli(h, &output, args);
-    cr_assert(rc == 0, "idemq topology exited %d:\n%s", rc, output ? output : "");
-    free(output);
+    amqp_bytes_t bytes = {.len = len, .bytes = (void *)body};
+    int rc = amqp_basic_publish(h->amqp, BROKER_CHANNEL,
+                                exchange && *exchange ? amqp_cstring_bytes(exchange)
+                                                      : amqp_empty_bytes,
+                                amqp_cstring_bytes(routing_key), 1, 0, props, bytes);
+    cr_assert(rc == AMQP_STATUS_OK, "publish: %s", amqp_error_string2(rc));
+    bool returned;
+    wait_confirm(h, ++h->publish_seq, &returned);
+    amqp_maybe_release_buffers(h->amqp);
+    cr_assert(!returned, "the broker returned the message published to '%s' with key '%s' as "
+                         "unroutable", exchange ? exchange : "", routing_key);
 }
 
 #define PUBLISH_CHUNK 256
@@ -514,13 +522,8 @@ bool harness_queue_info(harness *h, const char *queue, long *messages, long *con
     amqp_queue_declare_ok_t *ok = amqp_queue_declare(
         h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(queue), 1, 0, 0, 0, amqp_empty_table);
     if (!ok) {
-        /* The 404 closed the channel; a reopened channel is not in confirm mode and numbers
-         * its publishes from 1 again. */
-        reopen_channel(h);
-        amqp_confirm_select(h->amqp, BROKER_CHANNEL);
-        cr_assert(amqp_get_rpc_reply(h->amqp).reply_type == AMQP_RESPONSE_NORMAL,
-                  "confirm.select after reopening the channel failed");
-        h->publish_seq = 0;
+        /* The 404 closed the channel. */
+        cr_assert(reopen_channel(h), "confirm.select after reopening the channel failed");
         return false;
     }
     if (messages)
@@ -528,6 +531,111 @@ bool harness_queue_info(harness *h, const char *queue, long *messages, long *con
     if (consumers)
         *consumers = (long)ok->consumer_count;
     return true;
+}
+
+long harness_queue_depth(harness *h, const char *queue)
+{
+    long messages = -1;
+    if (!harness_queue_info(h, queue, &messages, NULL))
+        return -1;
+    return messages;
+}
+
+bool harness_get(harness *h, const char *queue, amqp_message_t *out)
+{
+    amqp_rpc_reply_t reply = amqp_basic_get(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(queue), 1);
+    cr_assert(reply.reply_type == AMQP_RESPONSE_NORMAL, "basic.get on %s failed", queue);
+    if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
+        return false;
+    reply = amqp_read_message(h->amqp, BROKER_CHANNEL, out, 0);
+    cr_assert(reply.reply_type == AMQP_RESPONSE_NORMAL, "reading a message from %s failed", queue);
+    return true;
+}
+
+void harness_reconnect_amqp(harness *h, int timeout_ms)
+{
+    if (h->amqp)
+        amqp_destroy_connection(h->amqp);
+    h->amqp = NULL;
+    h->publish_seq = 0;
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    char err[512] = "";
+    broker_open_options bo = {.url = getenv("IDEMQ_TEST_AMQP_URL"), .confirms = 1};
+    while (harness_now_ms() < deadline) {
+        if (broker_open(&bo, &h->amqp, err, sizeof err) == 0)
+            return;
+        pause_ms(200);
+    }
+    cr_assert_fail("RabbitMQ did not come back within %d ms: %s", timeout_ms, err);
+}
+
+void harness_wait_quorum_ready(harness *h, int timeout_ms)
+{
+    /* After a broker restart, RabbitMQ accepts connections before its quorum-queue system can
+     * create queues (declarations fail with 541 for a while): wait for a real declaration. */
+    char name[96];
+    snprintf(name, sizeof name, "idemq.quorum-probe.%d", (int)getpid());
+    amqp_table_entry_t entry = {.key = amqp_cstring_bytes("x-queue-type"),
+                                .value = {.kind = AMQP_FIELD_KIND_UTF8,
+                                          .value.bytes = amqp_cstring_bytes("quorum")}};
+    amqp_table_t args = {.num_entries = 1, .entries = &entry};
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    for (;;) {
+        amqp_queue_declare(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, args);
+        amqp_rpc_reply_t reply = amqp_get_rpc_reply(h->amqp);
+        if (reply.reply_type == AMQP_RESPONSE_NORMAL) {
+            amqp_queue_delete(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 0);
+            amqp_get_rpc_reply(h->amqp);
+            return;
+        }
+        cr_assert(harness_now_ms() < deadline, "quorum queues still cannot be declared after %d ms",
+                  timeout_ms);
+        harness_reconnect_amqp(h, deadline - harness_now_ms());
+        pause_ms(250);
+    }
+}
+
+int harness_broker_major(harness *h)
+{
+    const amqp_table_t *props = amqp_get_server_properties(h->amqp);
+    int major = 0;
+    for (int i = 0; props && i < props->num_entries; i++) {
+        const amqp_table_entry_t *e = &props->entries[i];
+        if (e->key.len == 7 && memcmp(e->key.bytes, "version", 7) == 0 &&
+            e->value.kind == AMQP_FIELD_KIND_UTF8) {
+            char text[32];
+            snprintf(text, sizeof text, "%.*s", (int)e->value.value.bytes.len,
+                     (const char *)e->value.value.bytes.bytes);
+            major = atoi(text);
+        }
+    }
+    const char *want = getenv("IDEMQ_TEST_BROKER");
+    if (want && *want)
+        cr_assert(major >= atoi(want),
+                  "IDEMQ_TEST_BROKER=%s but the broker at IDEMQ_TEST_AMQP_URL is major version %d",
+                  want, major);
+    return major;
+}
+
+/* ---------------------------------------------------------------------------- the idemq process */
+
+static pid_t spawn(harness *h, const char *const *argv, int out_fd)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        dup2(out_fd, STDOUT_FILENO);
+        dup2(out_fd, STDERR_FILENO);
+        setpgid(0, 0);
+        /* A failed assertion ends the test process; its idemq must not outlive it. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execv(IDEMQ_BINARY, (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", IDEMQ_BINARY, strerror(errno));
+        _exit(127);
+    }
+    (void)h;
+    return pid;
 }
 
 pid_t harness_spawn_logged(harness *h, const char *log_path)
@@ -540,78 +648,145 @@ pid_t harness_spawn_logged(harness *h, const char *log_path)
     return pid;
 }
 
+pid_t harness_spawn(harness *h)
+{
+    return harness_spawn_logged(h, h->log_path);
+}
+
+int harness_stop(pid_t pid, int sig, int timeout_ms)
+{
+    kill(pid, sig);
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    int status;
+    while (harness_now_ms() < deadline) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        pause_ms(10);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+}
+
+void harness_start_idemq(harness *h, const char *ready_line, int timeout_ms, pid_t *pid)
+{
+    long before = harness_log_count(h, ready_line);
+    *pid = harness_spawn(h);
+    cr_assert(harness_wait_log(h, ready_line, before + 1, timeout_ms),
+              "idemq did not start consuming");
+}
+
+void harness_stop_idemq(pid_t *pid)
+{
+    int rc = harness_stop(*pid, SIGTERM, 30000);
+    *pid = 0;
+    cr_expect_eq(rc, 0, "idemq run should exit 0 on SIGTERM, got %d", rc);
+}
+
+void harness_kill_idemq(pid_t *pid)
+{
+    if (*pid > 0) {
+        harness_stop(*pid, SIGKILL, 5000);
+        *pid = 0;
+    }
+}
+
+int harness_run_cli(harness *h, char **output, const char *const *args)
+{
+    char out_path[400];
+    snprintf(out_path, sizeof out_path, "%s/cli.out", h->dir);
+    int fd = open(out_path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    cr_assert(fd >= 0);
+    const char *argv[32] = {IDEMQ_BINARY};
+    size_t n = 1;
+    for (; args[n - 1] && n < 31; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = spawn(h, argv, fd);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (output) {
+        off_t size = lseek(fd, 0, SEEK_END);
+        *output = calloc(1, (size_t)size + 1);
+        cr_assert(*output);
+        cr_assert(pread(fd, *output, (size_t)size, 0) == size);
+    }
+    close(fd);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void harness_declare_topology(harness *h)
+{
+    char *output = NULL;
+    const char *args[] = {"topology", "-c", h->config_path, NULL};
+    int rc = harness_run_cli(h, &output, args);
+    cr_assert(rc == 0, "idemq topology exited %d:\n%s", rc, output ? output : "");
+    free(output);
+}
+
+json_t *harness_output_json(const char *output)
+{
+    const char *start = output && output[0] == '{' ? output : NULL;
+    if (!start && output) {
+        start = strstr(output, "\n{");
+        if (start)
+            start++;
+    }
+    cr_assert(start, "no JSON document in the output:\n%s", output ? output : "(none)");
+    json_error_t jerr;
+    json_t *doc = json_loads(start, 0, &jerr);
+    cr_assert(doc, "the output is not JSON (%s):\n%s", jerr.text, output);
+    return doc;
+}
+
+/* -------------------------------------------------------------------------------------- its log */
+
+long harness_log_count_both(const char *log_path, const char *needle, const char *also)
+{
+    FILE *f = fopen(log_path, "r");
+    if (!f)
+        return 0;
+    long count = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0)
+        if (strstr(line, needle) && (!also || strstr(line, also)))
+            count++;
+    free(line);
+    fclose(f);
+    return count;
+}
+
+long harness_log_count(harness *h, const char *needle)
+{
+    return harness_log_count_both(h->log_path, needle, NULL);
+}
+
 long harness_log_count_in(const char *log_path, const char *needle)
 {
     return harness_log_count_both(log_path, needle, NULL);
 }
 
-/* ---- added for tests/integration/test_retry.c and test_outage.c (append-only) --------------- */
+typedef struct log_wait {
+    const char *needle;
+    long at_least;
+} log_wait;
 
-#include <jansson.h>
-
-void harness_publish_props(harness *h, const char *exchange, const char *routing_key,
-                           const amqp_basic_properties_t *props, const void *body, size_t len)
+static bool log_reached(harness *h, void *arg)
 {
-    amqp_bytes_t bytes = {.len = len, .bytes = (void *)body};
-    int rc = amqp_basic_publish(h->amqp, BROKER_CHANNEL,
-                                exchange && *exchange ? amqp_cstring_bytes(exchange)
-                                                      : amqp_empty_bytes,
-                                amqp_cstring_bytes(routing_key), 1, 0, props, bytes);
-    cr_assert(rc == AMQP_STATUS_OK, "publish: %s", amqp_error_string2(rc));
-    uint64_t seq = ++h->publish_seq;
-    bool returned = false;
-    for (;;) {
-        amqp_frame_t frame;
-        struct timeval timeout = {.tv_sec = 10};
-        rc = amqp_simple_wait_frame_noblock(h->amqp, &frame, &timeout);
-        cr_assert(rc == AMQP_STATUS_OK, "waiting for a publisher confirm: %s",
-                  amqp_error_string2(rc));
-        if (frame.frame_type != AMQP_FRAME_METHOD)
-            continue; /* content of a basic.return */
-        if (frame.payload.method.id == AMQP_BASIC_RETURN_METHOD)
-            returned = true;
-        cr_assert(frame.payload.method.id != AMQP_BASIC_NACK_METHOD, "publish was nacked");
-        cr_assert(frame.payload.method.id != AMQP_CHANNEL_CLOSE_METHOD, "channel closed");
-        if (frame.payload.method.id == AMQP_BASIC_ACK_METHOD) {
-            const amqp_basic_ack_t *ack = frame.payload.method.decoded;
-            if (ack->delivery_tag >= seq)
-                break;
-        }
-    }
-    amqp_maybe_release_buffers(h->amqp);
-    cr_assert(!returned, "the broker returned the message published to '%s' with key '%s' as "
-                         "unroutable", exchange ? exchange : "", routing_key);
+    log_wait *w = arg;
+    return harness_log_count(h, w->needle) >= w->at_least;
 }
 
-void harness_db_reconnect(harness *h, int timeout_ms)
+bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout_ms)
 {
-    if (h->db)
-        mysql_close(h->db);
-    h->db = NULL;
-    store_dsn dsn;
-    char err[256];
-    cr_assert(store_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, sizeof err) == 0,
-              "%s", err);
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    for (;;) {
-        MYSQL *db = mysql_init(NULL);
-        cr_assert(db);
-        unsigned int connect_timeout = 2;
-        mysql_options(db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
-        const char *host = dsn.socket[0] ? "localhost" : dsn.host;
-        if (mysql_real_connect(db, host, dsn.user, dsn.password, h->database, dsn.port,
-                               dsn.socket[0] ? dsn.socket : NULL, 0)) {
-            h->db = db;
-            return;
-        }
-        char reason[256];
-        snprintf(reason, sizeof reason, "%s", mysql_error(db));
-        mysql_close(db);
-        cr_assert(harness_now_ms() < deadline, "cannot reconnect to MariaDB within %d ms: %s",
-                  timeout_ms, reason);
-        struct timespec pause = {.tv_nsec = 100 * 1000000};
-        nanosleep(&pause, NULL);
-    }
+    log_wait w = {.needle = needle, .at_least = at_least};
+    bool ok = harness_wait_for(log_reached, h, &w, timeout_ms);
+    if (!ok)
+        cr_log_error("waited %d ms for %ld log line(s) containing %s; found %ld", timeout_ms,
+                     at_least, needle, harness_log_count(h, needle));
+    return ok;
 }
 
 /* "2026-01-02T03:04:05.678Z" → ms since the Unix epoch; -1 when it does not parse. */
@@ -668,131 +843,116 @@ json_t *harness_log_load(harness *h)
     return all;
 }
 
-/* ---- added for tests/integration/test_resilience.c (append-only) ---------------------------- */
+/* ----------------------------------------------------------------------------- its ops endpoint */
 
-void harness_reconnect_amqp(harness *h, int timeout_ms)
+int harness_http_port(harness *h, int timeout_ms)
 {
-    if (h->amqp)
-        amqp_destroy_connection(h->amqp);
-    h->amqp = NULL;
-    h->publish_seq = 0;
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    char err[512] = "";
-    broker_open_options bo = {.url = getenv("IDEMQ_TEST_AMQP_URL"), .confirms = 1};
-    while (harness_now_ms() < deadline) {
-        if (broker_open(&bo, &h->amqp, err, sizeof err) == 0)
-            return;
-        struct timespec pause = {.tv_nsec = 200 * 1000000};
-        nanosleep(&pause, NULL);
-    }
-    cr_assert_fail("RabbitMQ did not come back within %d ms: %s", timeout_ms, err);
-}
-
-void harness_wait_quorum_ready(harness *h, int timeout_ms)
-{
-    /* After a broker restart, RabbitMQ accepts connections before its quorum-queue system can
-     * create queues (declarations fail with 541 for a while): wait for a real declaration. */
-    char name[96];
-    snprintf(name, sizeof name, "idemq.quorum-probe.%d", (int)getpid());
-    amqp_table_entry_t entry = {.key = amqp_cstring_bytes("x-queue-type"),
-                                .value = {.kind = AMQP_FIELD_KIND_UTF8,
-                                          .value.bytes = amqp_cstring_bytes("quorum")}};
-    amqp_table_t args = {.num_entries = 1, .entries = &entry};
+    static const char needle[] = "http listening on 127.0.0.1:";
     int64_t deadline = harness_now_ms() + timeout_ms;
     for (;;) {
-        amqp_queue_declare(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0, args);
-        amqp_rpc_reply_t reply = amqp_get_rpc_reply(h->amqp);
-        if (reply.reply_type == AMQP_RESPONSE_NORMAL) {
-            amqp_queue_delete(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 0);
-            amqp_get_rpc_reply(h->amqp);
-            return;
+        int port = 0;
+        FILE *f = fopen(h->log_path, "r");
+        if (f) {
+            char *line = NULL;
+            size_t cap = 0;
+            while (getline(&line, &cap, f) >= 0) {
+                const char *at = strstr(line, needle);
+                if (at)
+                    port = atoi(at + sizeof needle - 1); /* the last line wins */
+            }
+            free(line);
+            fclose(f);
         }
-        cr_assert(harness_now_ms() < deadline, "quorum queues still cannot be declared after %d ms",
-                  timeout_ms);
-        harness_reconnect_amqp(h, deadline - harness_now_ms());
-        struct timespec pause = {.tv_nsec = 250 * 1000000};
-        nanosleep(&pause, NULL);
+        if (port > 0)
+            return port;
+        cr_assert(harness_now_ms() < deadline, "no \"%s\" line in %s within %d ms", needle,
+                  h->log_path, timeout_ms);
+        pause_ms(20);
     }
 }
 
-/* ---- added to share what several suites repeated (append-only) ------------------------------ */
-
-long harness_log_count_both(const char *log_path, const char *needle, const char *also)
+int harness_http_get(int port, const char *path, char **body)
 {
-    FILE *f = fopen(log_path, "r");
-    if (!f)
-        return 0;
-    long count = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) >= 0)
-        if (strstr(line, needle) && (!also || strstr(line, also)))
-            count++;
-    free(line);
-    fclose(f);
-    return count;
-}
-
-typedef struct log_wait {
-    const char *needle;
-    long at_least;
-} log_wait;
-
-static bool log_reached(harness *h, void *arg)
-{
-    log_wait *w = arg;
-    return harness_log_count(h, w->needle) >= w->at_least;
-}
-
-bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout_ms)
-{
-    log_wait w = {.needle = needle, .at_least = at_least};
-    bool ok = harness_wait_for(log_reached, h, &w, timeout_ms);
-    if (!ok)
-        cr_log_error("waited %d ms for %ld log line(s) containing %s; found %ld", timeout_ms,
-                     at_least, needle, harness_log_count(h, needle));
-    return ok;
-}
-
-void harness_start_idemq(harness *h, const char *ready_line, int timeout_ms, pid_t *pid)
-{
-    long before = harness_log_count(h, ready_line);
-    *pid = harness_spawn(h);
-    cr_assert(harness_wait_log(h, ready_line, before + 1, timeout_ms),
-              "idemq did not start consuming");
-}
-
-void harness_stop_idemq(pid_t *pid)
-{
-    int rc = harness_stop(*pid, SIGTERM, 30000);
-    *pid = 0;
-    cr_expect_eq(rc, 0, "idemq run should exit 0 on SIGTERM, got %d", rc);
-}
-
-long long harness_wait_scalar_at_least(harness *h, long long min, int timeout_ms, const char *sql)
-{
-    scalar_wait w = {.sql = sql, .expected = min, .at_least = true};
-    if (!harness_wait_for(scalar_reached, h, &w, timeout_ms))
-        cr_log_error("waited %d ms for `%s` >= %lld; last value %lld", timeout_ms, sql, min,
-                     w.last);
-    return w.last;
-}
-
-void harness_kill_idemq(pid_t *pid)
-{
-    if (*pid > 0) {
-        harness_stop(*pid, SIGKILL, 5000);
-        *pid = 0;
+    if (body)
+        *body = NULL;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(fd >= 0, "socket: %s", strerror(errno));
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
     }
+    char request[512];
+    int n = snprintf(request, sizeof request, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path);
+    if (send(fd, request, (size_t)n, MSG_NOSIGNAL) != n) {
+        close(fd);
+        return -1;
+    }
+    size_t len = 0, cap = 16384;
+    char *raw = malloc(cap);
+    cr_assert(raw);
+    int64_t deadline = harness_now_ms() + 5000;
+    for (;;) {
+        int left = (int)(deadline - harness_now_ms());
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            break;
+        if (cap - len < 4096) {
+            cap *= 2;
+            raw = realloc(raw, cap);
+            cr_assert(raw);
+        }
+        ssize_t got = recv(fd, raw + len, cap - len - 1, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break; /* the server closes after each answer (Connection: close) */
+        len += (size_t)got;
+    }
+    close(fd);
+    raw[len] = '\0';
+    int status = -1;
+    if (len >= 12 && memcmp(raw, "HTTP/1.1 ", 9) == 0)
+        status = atoi(raw + 9);
+    const char *end = strstr(raw, "\r\n\r\n");
+    if (body)
+        *body = strdup(end ? end + 4 : "");
+    free(raw);
+    return status;
 }
 
-/* ---- stopping the shared MariaDB ------------------------------------------------------------ */
+long long harness_metric_value(const char *scrape, const char *sample)
+{
+    if (!scrape)
+        return -1;
+    size_t n = strlen(sample);
+    for (const char *line = scrape; *line;) {
+        if (strncmp(line, sample, n) == 0 && line[n] == ' ')
+            return atoll(line + n + 1);
+        const char *next = strchr(line, '\n');
+        if (!next)
+            break;
+        line = next + 1;
+    }
+    return -1;
+}
+
+/* --------------------------------------------------------------------------- the shared servers */
 
 static const char *services_script(void)
 {
     const char *s = getenv("IDEMQ_SERVICES");
-    cr_assert(s && *s, "IDEMQ_SERVICES is not set: source .state/env");
+    cr_assert(s && *s, "IDEMQ_SERVICES is not set: source .state/env (scripts/test does)");
     return s;
+}
+
+void harness_services_ok(const char *args)
+{
+    const char *script = services_script();
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "\"%s\" %s >/dev/null 2>&1", script, args);
+    cr_assert(system(cmd) == 0, "`services %s` failed", args);
 }
 
 int harness_services(harness *h, const char *cmd)
@@ -875,117 +1035,6 @@ void harness_db_guard_recover(harness *h, harness_db_guard *g)
     harness_db_guard_disarm(g);
 }
 
-void harness_services_ok(const char *args)
-{
-    const char *script = getenv("IDEMQ_SERVICES");
-    cr_assert(script, "IDEMQ_SERVICES is not set: run through scripts/test");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "\"%s\" %s >/dev/null 2>&1", script, args);
-    cr_assert(system(cmd) == 0, "`services %s` failed", args);
-}
-
-/* ---- added for test_schema_outage.c and test_copies.c (append-only) ------------------------- */
-
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-
-int harness_http_port(harness *h, int timeout_ms)
-{
-    static const char needle[] = "http listening on 127.0.0.1:";
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    for (;;) {
-        int port = 0;
-        FILE *f = fopen(h->log_path, "r");
-        if (f) {
-            char *line = NULL;
-            size_t cap = 0;
-            while (getline(&line, &cap, f) >= 0) {
-                const char *at = strstr(line, needle);
-                if (at)
-                    port = atoi(at + sizeof needle - 1); /* the last line wins */
-            }
-            free(line);
-            fclose(f);
-        }
-        if (port > 0)
-            return port;
-        cr_assert(harness_now_ms() < deadline, "no \"%s\" line in %s within %d ms", needle,
-                  h->log_path, timeout_ms);
-        struct timespec pause = {.tv_nsec = 20 * 1000000};
-        nanosleep(&pause, NULL);
-    }
-}
-
-int harness_http_get(int port, const char *path, char **body)
-{
-    if (body)
-        *body = NULL;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    cr_assert(fd >= 0, "socket: %s", strerror(errno));
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
-        return -1;
-    }
-    char request[512];
-    int n = snprintf(request, sizeof request, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path);
-    if (send(fd, request, (size_t)n, MSG_NOSIGNAL) != n) {
-        close(fd);
-        return -1;
-    }
-    size_t len = 0, cap = 16384;
-    char *raw = malloc(cap);
-    cr_assert(raw);
-    int64_t deadline = harness_now_ms() + 5000;
-    for (;;) {
-        int left = (int)(deadline - harness_now_ms());
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (left <= 0 || poll(&p, 1, left) <= 0)
-            break;
-        if (cap - len < 4096) {
-            cap *= 2;
-            raw = realloc(raw, cap);
-            cr_assert(raw);
-        }
-        ssize_t got = recv(fd, raw + len, cap - len - 1, 0);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            break; /* the server closes after each answer (Connection: close) */
-        len += (size_t)got;
-    }
-    close(fd);
-    raw[len] = '\0';
-    int status = -1;
-    if (len >= 12 && memcmp(raw, "HTTP/1.1 ", 9) == 0)
-        status = atoi(raw + 9);
-    const char *end = strstr(raw, "\r\n\r\n");
-    if (body)
-        *body = strdup(end ? end + 4 : "");
-    free(raw);
-    return status;
-}
-
-long long harness_metric_value(const char *scrape, const char *sample)
-{
-    if (!scrape)
-        return -1;
-    size_t n = strlen(sample);
-    for (const char *line = scrape; *line;) {
-        if (strncmp(line, sample, n) == 0 && line[n] == ' ')
-            return atoll(line + n + 1);
-        const char *next = strchr(line, '\n');
-        if (!next)
-            break;
-        line = next + 1;
-    }
-    return -1;
-}
-
 /* Port of IDEMQ_TEST_AMQP_URL (amqp://user:pass@host:port/vhost); 5672 when it names none. */
 static int amqp_url_port(void)
 {
@@ -1062,8 +1111,7 @@ bool harness_close_amqp_connection_of(pid_t pid, const char *reason)
     int port = harness_amqp_local_port(pid);
     if (!port)
         return false;
-    const char *script = getenv("IDEMQ_SERVICES");
-    cr_assert(script, "IDEMQ_SERVICES is not set: source .state/env");
+    const char *script = services_script();
     char cmd[1200];
     snprintf(cmd, sizeof cmd,
              "\"%s\" rabbitmqctl -q list_connections --no-table-headers pid name 2>/dev/null",
@@ -1092,8 +1140,7 @@ bool harness_close_amqp_connection_of(pid_t pid, const char *reason)
 
 bool harness_broker_queue_stats(const char *queue, long *messages, long *unacked)
 {
-    const char *script = getenv("IDEMQ_SERVICES");
-    cr_assert(script, "IDEMQ_SERVICES is not set: source .state/env");
+    const char *script = services_script();
     char cmd[600];
     snprintf(cmd, sizeof cmd,
              "\"%s\" rabbitmqctl -q list_queues --no-table-headers name messages "
@@ -1121,8 +1168,7 @@ bool harness_broker_queue_stats(const char *queue, long *messages, long *unacked
 
 long harness_broker_messages_under(const char *prefix, int *queues)
 {
-    const char *script = getenv("IDEMQ_SERVICES");
-    cr_assert(script, "IDEMQ_SERVICES is not set: source .state/env");
+    const char *script = services_script();
     char cmd[600];
     snprintf(cmd, sizeof cmd,
              "\"%s\" rabbitmqctl -q list_queues --no-table-headers name messages 2>/dev/null",
@@ -1146,50 +1192,4 @@ long harness_broker_messages_under(const char *prefix, int *queues)
     if (queues)
         *queues = n;
     return total;
-}
-
-/* ---- added for test_transaction_guard.c and test_migrate.c (append-only) --------------------- */
-
-MYSQL *harness_db_open(harness *h)
-{
-    return connect_database(h->database);
-}
-
-/* ---- added for tests/integration/test_dlq.c (append-only) ----------------------------------- */
-
-int harness_broker_major(harness *h)
-{
-    const amqp_table_t *props = amqp_get_server_properties(h->amqp);
-    int major = 0;
-    for (int i = 0; props && i < props->num_entries; i++) {
-        const amqp_table_entry_t *e = &props->entries[i];
-        if (e->key.len == 7 && memcmp(e->key.bytes, "version", 7) == 0 &&
-            e->value.kind == AMQP_FIELD_KIND_UTF8) {
-            char text[32];
-            snprintf(text, sizeof text, "%.*s", (int)e->value.value.bytes.len,
-                     (const char *)e->value.value.bytes.bytes);
-            major = atoi(text);
-        }
-    }
-    const char *want = getenv("IDEMQ_TEST_BROKER");
-    if (want && *want)
-        cr_assert(major >= atoi(want),
-                  "IDEMQ_TEST_BROKER=%s but the broker at IDEMQ_TEST_AMQP_URL is major version %d",
-                  want, major);
-    return major;
-}
-
-json_t *harness_output_json(const char *output)
-{
-    const char *start = output && output[0] == '{' ? output : NULL;
-    if (!start && output) {
-        start = strstr(output, "\n{");
-        if (start)
-            start++;
-    }
-    cr_assert(start, "no JSON document in the output:\n%s", output ? output : "(none)");
-    json_error_t jerr;
-    json_t *doc = json_loads(start, 0, &jerr);
-    cr_assert(doc, "the output is not JSON (%s):\n%s", jerr.text, output);
-    return doc;
 }

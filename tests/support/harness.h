@@ -3,6 +3,13 @@
  * scripts/services, URLs in IDEMQ_TEST_AMQP_URL / IDEMQ_TEST_MYSQL_URL), a fresh database and
  * fresh queue names per test, a config file writer, publishing with confirms, spawning the real
  * idemq binary, and waiting for observable conditions with a deadline (never a bare sleep).
+ *
+ * Sections, in the order of a test: the fixture; waiting; the test database; the broker through
+ * the harness's own connection; the idemq process, its log and its ops endpoint; the shared
+ * servers (scripts/services: stopping them, and the broker's own view of queues and connections).
+ *
+ * Test-only code, called from the test's own thread (Criterion runs each test in its own
+ * process): failures end the test through cr_assert, unless a function says it returns them.
  */
 #ifndef IDEMQ_TEST_HARNESS_H
 #define IDEMQ_TEST_HARNESS_H
@@ -13,6 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+struct json_t;
+
+/* -------------------------------------------------------------------------------------- fixture */
 
 typedef struct harness {
     char name[64];          /* unique per test: queue name and database suffix */
@@ -39,7 +50,6 @@ typedef struct harness_options {
     const char *declare;    /* NULL → create */
     const char *extra_consumer_yaml; /* appended inside the consumer (indented 4 spaces) */
     const char *shutdown_timeout;    /* NULL → 25s */
-    /* ---- appended for tests/integration/test_handlers.c ---- */
     const char *handler_yaml; /* replaces the whole state_machine body under "    handler:"
                                  (lines indented 6 spaces); NULL → the orders state machine */
     const char *top_yaml;     /* appended at the top level, e.g. "dedup: {retention: 1h}\n" */
@@ -54,12 +64,57 @@ void harness_fini(harness *h);
 /* Rewrites the config file with other options (same queue and database). */
 void harness_write_config(harness *h, const harness_options *opts);
 
+/* A suite's per-test state: one harness and the idemq it runs. Criterion runs each test in its
+ * own process, so a suite keeps one in a static and gives TestSuite a .fini that calls
+ * harness_fixture_fini: a test that an assertion ends early leaves no idemq, database or queue
+ * behind. */
+typedef struct harness_fixture {
+    harness h;
+    bool ready;   /* harness_init done: harness_fixture_fini runs harness_fini */
+    pid_t daemon; /* the `idemq run` of harness_fixture_start; 0: none */
+} harness_fixture;
+
+/* harness_init(&f->h, test_name, opts), then f->ready. */
+void harness_fixture_init(harness_fixture *f, const char *test_name, const harness_options *opts);
+/* Declares the topology (harness_declare_topology), then starts `idemq run` into f->daemon and
+ * waits up to timeout_ms for ready_line (borrowed; harness_start_idemq). */
+void harness_fixture_start(harness_fixture *f, const char *ready_line, int timeout_ms);
+/* Kills f->daemon if it runs (harness_kill_idemq), then harness_fini when f->ready; clears both. */
+void harness_fixture_fini(harness_fixture *f);
+
+/* -------------------------------------------------------------------------------------- waiting */
+
+/* Milliseconds since an arbitrary epoch (monotonic). */
+int64_t harness_now_ms(void);
+
+/* Polls cond(arg) every 20 ms until true or timeout_ms passes; returns whether it became true. */
+bool harness_wait_for(bool (*cond)(harness *h, void *arg), harness *h, void *arg, int timeout_ms);
+/* Convenience: waits until `SELECT ...` returns expected. */
+bool harness_wait_scalar(harness *h, long long expected, int timeout_ms, const char *sql);
+
+/* Waits up to timeout_ms until `SELECT ...` (sql, borrowed) returns at least min, polling like
+ * harness_wait_scalar; returns the last value read: >= min when it got there. On timeout it logs
+ * (cr_log_error) the last value; the caller asserts, with its own message. */
+long long harness_wait_scalar_at_least(harness *h, long long min, int timeout_ms, const char *sql);
+
+/* ---------------------------------------------------------------------------- the test database */
+
 /* SQL on the test database; fails the test on error. */
 void harness_sql(harness *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 long long harness_scalar(harness *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Inserts `count` orders named PREFIX<i> in state `state`. */
 void harness_insert_orders(harness *h, const char *prefix, int count, const char *state);
+
+/* A second connection to h->database (autocommit on), e.g. to hold a row lock while h->db keeps
+ * polling. Returned owned: the caller mysql_close()s it. Fails the test when it cannot connect. */
+MYSQL *harness_db_open(harness *h);
+
+/* Closes h->db and connects again to h->database, retrying for up to timeout_ms (the server may
+ * still be starting). Fails the test when it cannot. */
+void harness_db_reconnect(harness *h, int timeout_ms);
+
+/* ----------------------------------------------------------------------------------- the broker */
 
 /* Publishes body to the default exchange with routing key `routing_key` (NULL: h->queue) and
  * waits for the confirm. content_type may be NULL. Optional headers table. */
@@ -68,57 +123,11 @@ void harness_publish(harness *h, const char *routing_key, const char *content_ty
 /* Publishes a JSON payment event {biz_key, order_id, event_type, amount, message_id}. */
 void harness_publish_event(harness *h, const char *order_id, const char *event, long amount);
 
-/* Ready messages in a queue (passive declare). */
-long harness_queue_depth(harness *h, const char *queue);
-
-/* Gets one message from queue (auto-ack) into an owned amqp_message_t; false when empty. */
-bool harness_get(harness *h, const char *queue, amqp_message_t *out);
-
-/* Starts the real idemq binary: `idemq run -c h->config_path`, stderr+stdout to h->log_path
- * (appending). Returns the pid. */
-pid_t harness_spawn(harness *h);
-/* Runs `idemq ARGS...` to completion; returns the exit code, output captured into *output
- * (malloc'd, may be NULL). */
-int harness_run_cli(harness *h, char **output, const char *const *args);
-/* Sends sig and waits up to timeout_ms for exit; returns the exit status (or -1 on timeout,
- * after which the process is killed). */
-int harness_stop(pid_t pid, int sig, int timeout_ms);
-
-/* Lines in the idemq log containing needle. */
-long harness_log_count(harness *h, const char *needle);
-
-/* Polls cond(arg) every 20 ms until true or timeout_ms passes; returns whether it became true. */
-bool harness_wait_for(bool (*cond)(harness *h, void *arg), harness *h, void *arg, int timeout_ms);
-/* Convenience: waits until `SELECT ...` returns expected. */
-bool harness_wait_scalar(harness *h, long long expected, int timeout_ms, const char *sql);
-
-/* Milliseconds since an arbitrary epoch (monotonic). */
-int64_t harness_now_ms(void);
-
-
-/* ---- Added for the retry/DLQ and outage suites (append-only). ---- */
-
 /* Publishes body to `exchange` (NULL or "": the default exchange) with `routing_key` and the given
  * properties (borrowed, used as they are), mandatory, and waits for the confirm. Fails the test
  * on a nack or when the broker returns the message as unroutable. */
 void harness_publish_props(harness *h, const char *exchange, const char *routing_key,
                            const amqp_basic_properties_t *props, const void *body, size_t len);
-
-/* Closes h->db and connects again to h->database, retrying for up to timeout_ms (the server may
- * still be starting). Fails the test when it cannot. */
-void harness_db_reconnect(harness *h, int timeout_ms);
-
-/* Reads the idemq log (one JSON object per line) into a JSON array. Lines that are not JSON are
- * skipped; two objects glued together by a crash mid-write are split. Each object gets "_line"
- * (0-based index in the array) and "_ts_ms" (its "ts" as ms since the Unix epoch). */
-struct json_t;
-struct json_t *harness_log_load(harness *h);
-
-/* ---- added for tests/integration/test_core.c (append-only) ---------------------------------- */
-
-/* Runs `idemq topology -c h->config_path` (declares the work queue, retry ladder and DLQ) so a
- * test can load the work queue before starting idemq. Fails the test unless it exits 0. */
-void harness_declare_topology(harness *h);
 
 /* Publishes count bodies to the default exchange (routing_key NULL: h->queue) back to back,
  * waiting for all publisher confirms once per chunk instead of once per message: as fast as the
@@ -127,17 +136,14 @@ void harness_declare_topology(harness *h);
 void harness_publish_batch(harness *h, const char *routing_key, const char *content_type,
                            const void *const *bodies, const size_t *lens, size_t count);
 
+/* Ready messages in a queue (passive declare). */
+long harness_queue_depth(harness *h, const char *queue);
+
 /* Ready messages and consumers of a queue (passive declare); false when it does not exist. */
 bool harness_queue_info(harness *h, const char *queue, long *messages, long *consumers);
 
-/* Like harness_spawn, but stdout+stderr go to log_path (appending): for a second idemq process
- * on the same test. */
-pid_t harness_spawn_logged(harness *h, const char *log_path);
-
-/* Lines of the file at log_path containing needle (0 when the file does not exist). */
-long harness_log_count_in(const char *log_path, const char *needle);
-
-/* ---- added for tests/integration/test_resilience.c (append-only) ---------------------------- */
+/* Gets one message from queue (auto-ack) into an owned amqp_message_t; false when empty. */
+bool harness_get(harness *h, const char *queue, amqp_message_t *out);
 
 /* Drops h->amqp and connects again (the broker was restarted), retrying for up to timeout_ms. */
 void harness_reconnect_amqp(harness *h, int timeout_ms);
@@ -146,22 +152,23 @@ void harness_reconnect_amqp(harness *h, int timeout_ms);
  * restart); fails the test after timeout_ms. */
 void harness_wait_quorum_ready(harness *h, int timeout_ms);
 
-/* ---- added to share what several suites repeated (append-only) ------------------------------ */
+/* Major version of the broker behind h->amqp, read from its server properties ("version":
+ * "4.0.5" → 4; 0 when it does not say). Independent of idemq's own parsing, so a test can check
+ * that. When IDEMQ_TEST_BROKER is set (e.g. "4"), fails the test unless the broker's major
+ * version is at least that: a suite meant for 4.x must not skip its 4.x tests silently. */
+int harness_broker_major(harness *h);
 
-/* Lines of the file at log_path (borrowed) containing needle and, unless also is NULL, also
- * (anywhere in the same line); 0 when the file does not exist. harness_log_count and
- * harness_log_count_in are this with also = NULL. */
-long harness_log_count_both(const char *log_path, const char *needle, const char *also);
+/* ---------------------------------------------------------------------------- the idemq process */
 
-/* Waits up to timeout_ms until h->log_path holds at least at_least lines containing needle
- * (borrowed). On timeout logs (cr_log_error) how many it found and returns false: the caller
- * asserts, with its own message. */
-bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout_ms);
-
-/* Waits up to timeout_ms until `SELECT ...` (sql, borrowed) returns at least min, polling like
- * harness_wait_scalar; returns the last value read: >= min when it got there. On timeout it logs
- * (cr_log_error) the last value; the caller asserts, with its own message. */
-long long harness_wait_scalar_at_least(harness *h, long long min, int timeout_ms, const char *sql);
+/* Starts the real idemq binary: `idemq run -c h->config_path`, stderr+stdout to h->log_path
+ * (appending). Returns the pid. */
+pid_t harness_spawn(harness *h);
+/* Like harness_spawn, but stdout+stderr go to log_path (appending): for a second idemq process
+ * on the same test. */
+pid_t harness_spawn_logged(harness *h, const char *log_path);
+/* Sends sig and waits up to timeout_ms for exit; returns the exit status (or -1 on timeout,
+ * after which the process is killed). */
+int harness_stop(pid_t pid, int sig, int timeout_ms);
 
 /* Starts `idemq run` (harness_spawn) and waits up to timeout_ms until h->log_path holds one more
  * line containing ready_line (borrowed; e.g. "started consuming") than before the start. The pid
@@ -176,9 +183,66 @@ void harness_stop_idemq(pid_t *pid);
 /* For a fixture's teardown: when *pid > 0, kills it (SIGKILL, up to 5 s) and sets *pid to 0. */
 void harness_kill_idemq(pid_t *pid);
 
-/* ---- stopping the shared MariaDB (test_outage.c, test_http_daemon.c) ------------------------
- * scripts/services stops and starts the one MariaDB every suite uses; these make sure it is
- * started again whatever happens to the test process. */
+/* Runs `idemq ARGS...` to completion; returns the exit code, output captured into *output
+ * (malloc'd, may be NULL). */
+int harness_run_cli(harness *h, char **output, const char *const *args);
+
+/* Runs `idemq topology -c h->config_path` (declares the work queue, retry ladder and DLQ) so a
+ * test can load the work queue before starting idemq. Fails the test unless it exits 0. */
+void harness_declare_topology(harness *h);
+
+/* The JSON document in CLI output that also holds stderr lines (harness_run_cli merges them):
+ * parsed from the first line that starts with '{'. Returns a new reference; fails the test when
+ * there is none or it does not parse. output is borrowed. */
+struct json_t *harness_output_json(const char *output);
+
+/* -------------------------------------------------------------------------------------- its log */
+
+/* Lines in the idemq log containing needle. */
+long harness_log_count(harness *h, const char *needle);
+
+/* Lines of the file at log_path containing needle (0 when the file does not exist). */
+long harness_log_count_in(const char *log_path, const char *needle);
+
+/* Lines of the file at log_path (borrowed) containing needle and, unless also is NULL, also
+ * (anywhere in the same line); 0 when the file does not exist. harness_log_count and
+ * harness_log_count_in are this with also = NULL. */
+long harness_log_count_both(const char *log_path, const char *needle, const char *also);
+
+/* Waits up to timeout_ms until h->log_path holds at least at_least lines containing needle
+ * (borrowed). On timeout logs (cr_log_error) how many it found and returns false: the caller
+ * asserts, with its own message. */
+bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout_ms);
+
+/* Reads the idemq log (one JSON object per line) into a JSON array. Lines that are not JSON are
+ * skipped; two objects glued together by a crash mid-write are split. Each object gets "_line"
+ * (0-based index in the array) and "_ts_ms" (its "ts" as ms since the Unix epoch). */
+struct json_t *harness_log_load(harness *h);
+
+/* ----------------------------------------------------------------------------- its ops endpoint */
+
+/* Waits up to timeout_ms for an "http listening on 127.0.0.1:PORT" line in h->log_path and
+ * returns the PORT of the last one (the newest idemq). Fails the test on timeout. */
+int harness_http_port(harness *h, int timeout_ms);
+
+/* GET path from 127.0.0.1:port (the daemon closes after each answer; 5 s deadline). Returns the
+ * HTTP status, or -1 when there was no answer; *body (unless body is NULL) gets the malloc'd
+ * body, "" when none (NULL only when the connection failed). */
+int harness_http_get(int port, const char *path, char **body);
+
+/* Value of the sample `sample` (e.g. "idemq_paused{reason=\"schema\"}": the name and labels as
+ * /metrics prints them) in a scrape (borrowed, may be NULL); -1 when absent. */
+long long harness_metric_value(const char *scrape, const char *sample);
+
+/* ------------------------------------------------------------------------- the shared servers
+ * scripts/services ($IDEMQ_SERVICES) acts on the one RabbitMQ and the one MariaDB every suite
+ * uses (IDEMQ_TEST_BROKER picks the broker). Stopping MariaDB (test_outage.c,
+ * test_http_daemon.c): the guard makes sure it is started again whatever happens to the test
+ * process. */
+
+/* Runs `$IDEMQ_SERVICES ARGS` through the shell (ARGS may hold several words, e.g.
+ * "rabbitmqctl stop_app"), output discarded; fails the test unless it exits 0. */
+void harness_services_ok(const char *args);
 
 /* Runs `$IDEMQ_SERVICES cmd` (e.g. "stop-mariadb", "start-mariadb") to completion, its output
  * appended to h->dir/services.log; returns its exit status (128 + signal when killed). Fails the
@@ -210,27 +274,6 @@ void harness_db_guard_disarm(harness_db_guard *g);
  * reconnects h->db (harness_db_reconnect, 60 s); then disarms the guard. */
 void harness_db_guard_recover(harness *h, harness_db_guard *g);
 
-/* Runs `$IDEMQ_SERVICES ARGS` through the shell (ARGS may hold several words, e.g.
- * "rabbitmqctl stop_app"), output discarded; fails the test unless it exits 0. */
-void harness_services_ok(const char *args);
-
-/* ---- added for test_schema_outage.c and test_copies.c (append-only) -------------------------
- * The ops endpoint of a running idemq, and the broker's own view of queues and connections
- * (rabbitmqctl through $IDEMQ_SERVICES, so IDEMQ_TEST_BROKER picks the broker). */
-
-/* Waits up to timeout_ms for an "http listening on 127.0.0.1:PORT" line in h->log_path and
- * returns the PORT of the last one (the newest idemq). Fails the test on timeout. */
-int harness_http_port(harness *h, int timeout_ms);
-
-/* GET path from 127.0.0.1:port (the daemon closes after each answer; 5 s deadline). Returns the
- * HTTP status, or -1 when there was no answer; *body (unless body is NULL) gets the malloc'd
- * body, "" when none (NULL only when the connection failed). */
-int harness_http_get(int port, const char *path, char **body);
-
-/* Value of the sample `sample` (e.g. "idemq_paused{reason=\"schema\"}": the name and labels as
- * /metrics prints them) in a scrape (borrowed, may be NULL); -1 when absent. */
-long long harness_metric_value(const char *scrape, const char *sample);
-
 /* Local port of pid's established TCP connection to the AMQP port of IDEMQ_TEST_AMQP_URL
  * (through /proc/<pid>/fd and /proc/net/tcp); 0 when it has none. */
 int harness_amqp_local_port(pid_t pid);
@@ -249,23 +292,4 @@ bool harness_broker_queue_stats(const char *queue, long *messages, long *unacked
  * (borrowed); *queues (unless NULL) gets how many queues matched. */
 long harness_broker_messages_under(const char *prefix, int *queues);
 
-/* ---- added for test_transaction_guard.c and test_migrate.c (append-only) --------------------- */
-
-/* A second connection to h->database (autocommit on), e.g. to hold a row lock while h->db keeps
- * polling. Returned owned: the caller mysql_close()s it. Fails the test when it cannot connect. */
-MYSQL *harness_db_open(harness *h);
-
 #endif
-
-/* ---- added for tests/integration/test_dlq.c (append-only) ----------------------------------- */
-
-/* Major version of the broker behind h->amqp, read from its server properties ("version":
- * "4.0.5" → 4; 0 when it does not say). Independent of idemq's own parsing, so a test can check
- * that. When IDEMQ_TEST_BROKER is set (e.g. "4"), fails the test unless the broker's major
- * version is at least that: a suite meant for 4.x must not skip its 4.x tests silently. */
-int harness_broker_major(harness *h);
-
-/* The JSON document in CLI output that also holds stderr lines (harness_run_cli merges them):
- * parsed from the first line that starts with '{'. Returns a new reference; fails the test when
- * there is none or it does not parse. output is borrowed. */
-struct json_t *harness_output_json(const char *output);

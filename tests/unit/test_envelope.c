@@ -70,7 +70,7 @@ static void expect_optional(const char *name, const json_t *expect, const char *
                   json_string_value(want), got ? got : "(null)");
 }
 
-Test(envelope, shared_vectors)
+Test(envelope, every_shared_vector_decodes_as_it_expects)
 {
     json_error_t jerr;
     json_t *cases = json_load_file(VECTORS, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
@@ -195,7 +195,7 @@ Test(envelope, json_and_msgpack_give_equal_records)
     msgpack_sbuffer_destroy(&sb);
 }
 
-Test(envelope, sniffing_sets_format)
+Test(envelope, a_missing_content_type_is_sniffed_from_the_first_byte)
 {
     msgpack_sbuffer sb;
     envelope j = {0}, m = {0};
@@ -209,7 +209,7 @@ Test(envelope, sniffing_sets_format)
     msgpack_sbuffer_destroy(&sb);
 }
 
-Test(envelope, field_dotted_paths)
+Test(envelope, fields_are_found_by_dotted_path_through_objects_only)
 {
     envelope env = {0};
     cr_assert_eq(decode("{\"biz_key\":\"k\",\"amount\":5,\"items\":[{\"sku\":\"A\"}],"
@@ -241,7 +241,7 @@ Test(envelope, field_dotted_paths)
     cr_expect_null(envelope_field(&zero, "biz_key"));
 }
 
-Test(envelope, limits_max_body)
+Test(envelope, a_body_over_max_body_is_too_large_and_one_at_it_is_not)
 {
     envelope env = {0};
     char err[256];
@@ -278,7 +278,7 @@ Test(envelope, two_mib_body_is_too_large)
     free(body);
 }
 
-Test(envelope, limits_max_depth)
+Test(envelope, nesting_deeper_than_max_depth_is_too_deep)
 {
     envelope env = {0};
     char err[256];
@@ -472,7 +472,7 @@ Test(envelope, error_text_is_clear_and_bounded)
     envelope_close(&env);
 }
 
-Test(envelope, out_untouched_on_failure)
+Test(envelope, a_failed_decode_leaves_the_output_untouched)
 {
     envelope env;
     memset(&env, 0xa5, sizeof env);
@@ -481,7 +481,7 @@ Test(envelope, out_untouched_on_failure)
     cr_expect(memcmp(&env, &before, sizeof env) == 0, "out was written on failure");
 }
 
-Test(envelope, close_is_safe)
+Test(envelope, close_clears_the_record_and_a_second_close_or_null_is_a_noop)
 {
     envelope zero = {0};
     envelope_close(&zero);
@@ -496,7 +496,7 @@ Test(envelope, close_is_safe)
     envelope_close(&env); /* a second close is a no-op, not a double free */
 }
 
-Test(envelope, error_names)
+Test(envelope, every_error_code_has_its_name_and_others_are_unknown)
 {
     static const struct {
         int code;

@@ -48,7 +48,9 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void sleep_ms(int ms)
+/* The client's own pace (a slow client's next byte, the next try of a deadline poll): never a
+ * wait for the server, which the tests await through what it sends or closes. */
+static void pause_ms(int ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
@@ -358,8 +360,20 @@ static void assert_healthy(void)
         }
         cr_assert(r.status == 503 && now_ms() < deadline, "server no longer answers: %s", r.raw);
         reply_free(&r);
-        sleep_ms(20);
+        pause_ms(20);
     }
+}
+
+/* Returns once the loop thread has taken every connection made before the call (accepted it, or
+ * turned it away over the limit): the kernel hands connections to accept(2) in the order they
+ * were made, so a request on a newer connection is answered only after the older ones were
+ * taken. Returns that request's status: 200, or 503 (or -1, closed) when the server was full. */
+static int await_accepted(void)
+{
+    reply r = get("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    int status = r.status;
+    reply_free(&r);
+    return status;
 }
 
 /* -------------------------------------------------------- strict Prometheus text checker */
@@ -863,7 +877,7 @@ Test(prom_checker, accepts_a_valid_page_and_rejects_broken_ones)
 
 /* ---------------------------------------------------------------------------- routes */
 
-Test(http, healthz_get_and_head)
+Test(http, healthz_answers_get_and_head_alike_without_a_body_for_head)
 {
     reply r = get("GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
     cr_assert_eq(r.status, 200, "%s", r.raw);
@@ -989,7 +1003,7 @@ Test(http, unknown_paths_404_other_methods_405)
     expect_status("get /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 405); /* methods are case-sensitive */
 }
 
-Test(http, accepted_variants)
+Test(http, valid_request_variants_get_exactly_one_answer)
 {
     expect_status("GET /healthz HTTP/1.0\r\n\r\n", 200);                /* 1.0 needs no Host */
     expect_status("GET /healthz HTTP/1.1\nHost: x\n\n", 200);           /* bare LF */
@@ -1163,7 +1177,7 @@ Test(http, slowloris_is_closed_at_the_deadline_while_others_are_served)
         reply_free(&r);
         if (dripped < strlen(drip))
             send_some(trickle, drip + dripped++, 1, 100);
-        sleep_ms(100);
+        pause_ms(100);
     }
     cr_expect(worst < 500, "a request took %lld ms while slow clients were connected",
               (long long)worst);
@@ -1187,7 +1201,7 @@ Test(http, slowloris_is_closed_at_the_deadline_while_others_are_served)
     assert_healthy();
 }
 
-Test(http, hundred_connections_at_once)
+Test(http, connections_over_the_limit_are_turned_away_at_once_never_hung)
 {
     enum { N = 100 };
     int fds[N];
@@ -1221,7 +1235,7 @@ Test(http, hundred_connections_at_once)
      * the limit, so some of these may have been turned away: replace those until all 64 stay. */
     for (int round = 0;; round++) {
         cr_assert(round < 50, "could not hold 64 idle connections");
-        sleep_ms(100); /* let the loop accept them */
+        await_accepted(); /* a turned-away one has its 503 or its close by now */
         int replaced = 0;
         for (int i = 0; i < 64; i++) {
             struct pollfd p = {.fd = fds[i], .events = POLLIN};
@@ -1295,7 +1309,10 @@ Test(http, free_closes_live_connections)
     int idle = connect_server();
     int partial = connect_server();
     send_str(partial, "GET /metrics HTTP/1.1\r\n");
-    sleep_ms(100);
+    /* Both are live connections of the server, not connections still waiting in the kernel's
+     * queue (closing the listener would reset those, which would pass below for the wrong
+     * reason). */
+    cr_assert_eq(await_accepted(), 200);
     int64_t t0 = now_ms();
     stop_server(); /* asserts uv_loop_close succeeds: every handle was closed */
     reply a = read_reply(idle, 2000), b = read_reply(partial, 2000);
@@ -1385,25 +1402,36 @@ Test(http_setup, no_metrics_means_404_and_no_ready_means_ready)
     stop_server();
 }
 
-Test(http_setup, small_limits)
+Test(http_setup, max_connections_and_head_timeout_options_are_honoured)
 {
     http_server_options o = {.max_connections = 2, .head_timeout_ms = 300, .linger_ms = 50};
     start_server(&o);
+    int64_t t0 = now_ms();
     int a = connect_server(), b = connect_server();
-    sleep_ms(100);
-    reply r = get("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
-    cr_expect(r.status == 503 || r.status == -1, "third connection: %d", r.status);
-    if (r.status == 503)
-        cr_expect_str_eq(r.body, "too many connections\n");
+    /* The third connection is taken after a and b (accept order is connect order), so it finds
+     * both slots taken: it is told 503 and closed at once. It sends nothing, so that close is a
+     * plain FIN that cannot destroy the 503 with a reset: anything else means the limit broke. */
+    int c = connect_server();
+    reply r = read_reply(c, 2000);
+    close(c);
+    cr_expect_eq(r.status, 503, "third connection: status %d (reset %d, timed out %d): %s",
+                 r.status, r.reset, r.timed_out, r.raw);
+    cr_expect_str_eq(r.body ? r.body : "", "too many connections\n");
     reply_free(&r);
-    /* The idle ones time out after 300 ms, freeing the slots. */
+    /* The idle ones time out after 300 ms (not the suite's 1500 ms), unanswered, freeing the
+     * slots. */
     reply ra = read_reply(a, 2000), rb = read_reply(b, 2000);
+    int64_t closed_after = now_ms() - t0;
     cr_expect(!ra.timed_out && !rb.timed_out);
+    cr_expect(ra.len == 0 && rb.len == 0, "an idle connection got a response: %s%s", ra.raw,
+              rb.raw);
+    cr_expect(closed_after >= 300 - 100 && closed_after < 1000,
+              "idle connections closed after %lld ms; head_timeout_ms 300",
+              (long long)closed_after);
     reply_free(&ra);
     reply_free(&rb);
     close(a);
     close(b);
-    sleep_ms(50);
     assert_healthy();
     stop_server();
 }
