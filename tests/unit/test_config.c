@@ -1192,8 +1192,16 @@ Test(config, redact_url)
     config_redact_url("amqp://a:b@c", buf, 0); /* must not write */
 }
 
-Test(config, free_null_is_a_noop)
+Test(config, a_failed_load_leaves_out_null_which_config_free_takes)
 {
+    /* A caller's cleanup path frees whatever config_load gave it: on failure that must be NULL,
+     * whatever *out held before, and config_free(NULL) a no-op. */
+    char path[256];
+    snprintf(path, sizeof path, "%s/nope.yaml", tmpdir);
+    config *cfg = (config *)&path; /* not a config: must be overwritten */
+    cr_assert_eq(config_load(path, NULL, &cfg), -1);
+    cr_assert_null(cfg, "a failed config_load left *out set");
+    config_free(cfg);
     config_free(NULL);
 }
 
