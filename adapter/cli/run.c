@@ -28,13 +28,13 @@
 
 #include "broker/session.h"
 #include "broker/topology.h"
+#include "db/error.h"
 #include "envelope/envelope.h"
 #include "handlers/plugin.h"
 #include "ops/http.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
 #include "policy/outcome.h"
-#include "store/mysql_error.h"
 #include "store/retention.h"
 #include "store/store.h"
 
@@ -161,7 +161,7 @@ static void start_probe(runner *r);
 /* Records why consumption is paused; a schema error outranks an outage (it needs a person). */
 static void set_pause_reason(runner *r, const store_job *job)
 {
-    bool schema = mysql_error_is_schema(job->mysql_errno);
+    bool schema = db_error_is_schema(job->mysql_errno);
     if (r->paused_for_schema && !schema && job->mysql_errno == 0)
         return; /* "waiting for the probe" says less than the schema error we already have */
     r->paused_for_schema = schema;

@@ -9,7 +9,7 @@
 #include "handlers/plugin.h"
 
 #include <dlfcn.h>
-#include <errmsg.h>
+#include <errno.h>
 #include <mysql.h>
 #include <mysqld_error.h>
 #include <stdarg.h>
@@ -18,11 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "db/bind.h"
+#include "db/error.h"
+#include "db/prepare.h"
 #include "handlers/handler.h"
 #include "handlers/sql_template.h"
 #include "idemq/plugin.h"
 #include "ops/log.h"
-#include "store/mysql_error.h"
 
 #define PLUGIN_STMT_CACHE 32
 #define PLUGIN_REASON_MAX 768
@@ -147,7 +149,7 @@ static const void *host_body(const idemq_message *msg, size_t *len)
 
 static idemq_result host_classify(unsigned int mysql_errno)
 {
-    switch (mysql_error_classify(mysql_errno)) {
+    switch (db_error_classify(mysql_errno)) {
     case APPLY_NON_RETRYABLE:
         return IDEMQ_NON_RETRYABLE;
     default:
@@ -192,34 +194,32 @@ static int exec_fail(idemq_exec_result *out, unsigned int mysql_errno, const cha
     return -1;
 }
 
-/* The prepared statement for sql on this worker, from the cache or freshly prepared. NULL with
- * *failed set to the statement that failed to prepare (closed by the caller) or NULL on OOM. */
-static MYSQL_STMT *statement_for(idemq_tx *tx, const char *sql, MYSQL_STMT **failed)
+/* The prepared statement for sql on this worker, from the cache or freshly prepared. Returns 0,
+ * -ENOMEM, or -1 with the server's error in *error (see db_prepare). */
+static int statement_for(idemq_tx *tx, const char *sql, MYSQL_STMT **out, db_error *error)
 {
     plugin_worker *w = tx->worker;
     cached_stmt *slot = &w->cache[0];
-    *failed = NULL;
+    MYSQL_STMT *stmt;
+    *out = NULL;
     w->tick++;
     for (size_t i = 0; i < PLUGIN_STMT_CACHE; i++) {
         cached_stmt *c = &w->cache[i];
         if (c->sql && strcmp(c->sql, sql) == 0) {
             c->used = w->tick;
-            return c->stmt;
+            *out = c->stmt;
+            return 0;
         }
         if (!c->sql || (slot->sql && c->used < slot->used))
             slot = c;
     }
-    MYSQL_STMT *stmt = mysql_stmt_init(tx->db);
-    if (!stmt)
-        return NULL;
-    if (mysql_stmt_prepare(stmt, sql, (unsigned long)strlen(sql)) != 0) {
-        *failed = stmt;
-        return NULL;
-    }
+    int rc = db_prepare(tx->db, sql, &stmt, error);
+    if (rc != 0)
+        return rc;
     char *copy = strdup(sql);
     if (!copy) {
         mysql_stmt_close(stmt);
-        return NULL;
+        return -ENOMEM;
     }
     if (slot->sql) {
         mysql_stmt_close(slot->stmt);
@@ -228,7 +228,8 @@ static MYSQL_STMT *statement_for(idemq_tx *tx, const char *sql, MYSQL_STMT **fai
     slot->sql = copy;
     slot->stmt = stmt;
     slot->used = w->tick;
-    return stmt;
+    *out = stmt;
+    return 0;
 }
 
 /* Remembers errors after which the transaction is gone: InnoDB rolls the whole transaction back
@@ -236,8 +237,39 @@ static MYSQL_STMT *statement_for(idemq_tx *tx, const char *sql, MYSQL_STMT **fai
 static void note_error(idemq_tx *tx, unsigned int mysql_errno)
 {
     tx->last_errno = mysql_errno;
-    if (mysql_errno == ER_LOCK_DEADLOCK || mysql_error_classify(mysql_errno) == APPLY_UNAVAILABLE)
+    if (mysql_errno == ER_LOCK_DEADLOCK || db_error_classify(mysql_errno) == APPLY_UNAVAILABLE)
         tx->fatal_errno = mysql_errno;
+}
+
+/* Binds parameter index (0-based) of exec() from v (borrowed), using slot for storage. Returns 0,
+ * or -1 with the reason in out. */
+static int bind_value(MYSQL_BIND *bind, db_bind_slot *slot, const idemq_value *v, size_t index,
+                      idemq_exec_result *out)
+{
+    switch (v->type) {
+    case IDEMQ_TYPE_STRING:
+    case IDEMQ_TYPE_OBJECT:
+    case IDEMQ_TYPE_ARRAY:
+        if (!v->s && v->len)
+            return exec_fail(out, 0, NULL, "parameter %zu has no string", index + 1);
+        db_bind_string(bind, slot, v->s ? v->s : "", v->len);
+        return 0;
+    case IDEMQ_TYPE_INT:
+        db_bind_int(bind, slot, (long long)v->i);
+        return 0;
+    case IDEMQ_TYPE_DOUBLE:
+        db_bind_double(bind, slot, v->d);
+        return 0;
+    case IDEMQ_TYPE_BOOL:
+        db_bind_bool(bind, slot, v->i != 0);
+        return 0;
+    case IDEMQ_TYPE_NULL:
+        db_bind_null(bind, slot);
+        return 0;
+    default:
+        return exec_fail(out, 0, NULL, "parameter %zu has no value (type %d)", index + 1,
+                         (int)v->type);
+    }
 }
 
 static int host_exec(idemq_tx *tx, const char *sql, const idemq_value *params, size_t param_count,
@@ -245,11 +277,10 @@ static int host_exec(idemq_tx *tx, const char *sql, const idemq_value *params, s
 {
     idemq_exec_result scratch;
     MYSQL_BIND *binds = NULL;
-    unsigned long *lengths = NULL;
-    signed char *flags = NULL;
-    MYSQL_STMT *stmt, *failed;
+    db_bind_slot *slots = NULL;
+    MYSQL_STMT *stmt;
+    db_error error;
     char keyword[32];
-    my_bool is_null = 1;
     int rc = -1;
 
     if (!out)
@@ -267,14 +298,12 @@ static int host_exec(idemq_tx *tx, const char *sql, const idemq_value *params, s
                          keyword);
     if (param_count && !params)
         return exec_fail(out, 0, NULL, "param_count is %zu but params is NULL", param_count);
-    stmt = statement_for(tx, sql, &failed);
-    if (!stmt) {
-        if (!failed)
-            return exec_fail(out, 0, NULL, "out of memory preparing the statement");
-        exec_fail(out, mysql_stmt_errno(failed), mysql_stmt_sqlstate(failed), "prepare: %s",
-                  mysql_stmt_error(failed));
+    int prepared = statement_for(tx, sql, &stmt, &error);
+    if (prepared == -ENOMEM)
+        return exec_fail(out, 0, NULL, "out of memory preparing the statement");
+    if (prepared != 0) {
+        exec_fail(out, error.number, error.sqlstate, "prepare: %s", error.message);
         note_error(tx, out->mysql_errno);
-        mysql_stmt_close(failed);
         return -1;
     }
     if (mysql_stmt_param_count(stmt) != param_count)
@@ -282,52 +311,15 @@ static int host_exec(idemq_tx *tx, const char *sql, const idemq_value *params, s
                          (unsigned long)mysql_stmt_param_count(stmt), param_count);
     if (param_count) {
         binds = calloc(param_count, sizeof *binds);
-        lengths = calloc(param_count, sizeof *lengths);
-        flags = calloc(param_count, sizeof *flags);
-        if (!binds || !lengths || !flags) {
+        slots = calloc(param_count, sizeof *slots);
+        if (!binds || !slots) {
             exec_fail(out, 0, NULL, "out of memory binding parameters");
             goto out;
         }
     }
-    for (size_t i = 0; i < param_count; i++) {
-        const idemq_value *v = &params[i];
-        MYSQL_BIND *b = &binds[i];
-        switch (v->type) {
-        case IDEMQ_TYPE_STRING:
-        case IDEMQ_TYPE_OBJECT:
-        case IDEMQ_TYPE_ARRAY:
-            if (!v->s && v->len) {
-                exec_fail(out, 0, NULL, "parameter %zu has no string", i + 1);
-                goto out;
-            }
-            lengths[i] = (unsigned long)v->len;
-            b->buffer_type = MYSQL_TYPE_STRING;
-            b->buffer = (void *)(v->s ? v->s : "");
-            b->buffer_length = lengths[i];
-            b->length = &lengths[i];
-            break;
-        case IDEMQ_TYPE_INT:
-            b->buffer_type = MYSQL_TYPE_LONGLONG;
-            b->buffer = (void *)&v->i;
-            break;
-        case IDEMQ_TYPE_DOUBLE:
-            b->buffer_type = MYSQL_TYPE_DOUBLE;
-            b->buffer = (void *)&v->d;
-            break;
-        case IDEMQ_TYPE_BOOL:
-            flags[i] = v->i ? 1 : 0;
-            b->buffer_type = MYSQL_TYPE_TINY;
-            b->buffer = &flags[i];
-            break;
-        case IDEMQ_TYPE_NULL:
-            b->buffer_type = MYSQL_TYPE_NULL;
-            b->is_null = &is_null;
-            break;
-        default:
-            exec_fail(out, 0, NULL, "parameter %zu has no value (type %d)", i + 1, (int)v->type);
+    for (size_t i = 0; i < param_count; i++)
+        if (bind_value(&binds[i], &slots[i], &params[i], i, out) != 0)
             goto out;
-        }
-    }
     if ((param_count && mysql_stmt_bind_param(stmt, binds)) || mysql_stmt_execute(stmt)) {
         exec_fail(out, mysql_stmt_errno(stmt), mysql_stmt_sqlstate(stmt), "%s",
                   mysql_stmt_error(stmt));
@@ -351,8 +343,7 @@ static int host_exec(idemq_tx *tx, const char *sql, const idemq_value *params, s
     rc = 0;
 out:
     free(binds);
-    free(lengths);
-    free(flags);
+    free(slots);
     return rc;
 }
 
@@ -556,7 +547,7 @@ apply_status plugin_handler_apply(handler_call *call)
         snprintf(call->error, call->error_len,
                  "plugin %s: MySQL error %u ended the transaction%s%s", plugin_name(p),
                  tx.fatal_errno, reason[0] ? ": " : "", reason);
-        status = mysql_error_classify(tx.fatal_errno);
+        status = db_error_classify(tx.fatal_errno);
         return status == APPLY_UNAVAILABLE ? APPLY_UNAVAILABLE : APPLY_RETRYABLE;
     }
     if (msg.out_of_memory && result == IDEMQ_OK) {
@@ -566,7 +557,7 @@ apply_status plugin_handler_apply(handler_call *call)
     }
     switch (result) {
     case IDEMQ_OK:
-        return APPLY_COMMITTED;
+        return APPLY_CONTINUE;
     case IDEMQ_RETRYABLE:
         status = APPLY_RETRYABLE;
         break;

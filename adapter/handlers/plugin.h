@@ -11,6 +11,8 @@
  * keeps the store's worker interface unchanged: handler_apply finds the plugin by its consumer.
  * The per-worker handler state (handler_call.state) holds the host side of exec: a small cache of
  * prepared statements on that worker's connection.
+ * Errors: plugin_open and plugin_registry_load return 0 or -1 with a reason in the caller's err
+ * buffer; the handler functions as in handlers/handler.h.
  * Thread affinity: open/close and registry load/unload on the main thread; apply on DB workers.
  */
 #ifndef IDEMQ_HANDLERS_PLUGIN_H
@@ -20,6 +22,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
+#include "handlers/handler.h"
 
 typedef struct plugin plugin;
 
@@ -45,5 +48,10 @@ int plugin_registry_load(const config *cfg, char *err, size_t err_len);
 
 /* Closes every registered plugin. Call after the DB workers have been joined. */
 void plugin_registry_unload(void);
+
+/* handler_apply and handler_release for type: plugin (handler_prepare_all has nothing to do: a
+ * plugin's statements are its own). */
+apply_status plugin_handler_apply(handler_call *call);
+void plugin_handler_release(const config_consumer *consumer, void *state);
 
 #endif

@@ -7,6 +7,7 @@
  */
 #include "store/store.h"
 
+#include <errno.h>
 #include <mysql.h>
 #include <mysqld_error.h>
 #include <stdatomic.h>
@@ -16,9 +17,12 @@
 #include <string.h>
 #include <strings.h>
 
+#include "db/bind.h"
+#include "db/connect.h"
+#include "db/dsn.h"
+#include "db/error.h"
+#include "db/prepare.h"
 #include "handlers/handler.h"
-#include "store/dsn.h"
-#include "store/mysql_error.h"
 
 /* Kept identical to schemas/mysql/001_msg_dedup.sql (a unit test compares them). biz_key and
  * handler_name are VARBINARY: utf8mb4 collations are case-insensitive and pad trailing spaces,
@@ -56,7 +60,7 @@ typedef struct store_worker {
 
 struct store_pool {
     const config *cfg;
-    store_dsn dsn;
+    db_dsn dsn;
     uv_async_t results_ready;
     uv_mutex_t lock;
     uv_cond_t work_available;
@@ -75,63 +79,6 @@ struct store_pool {
 static uint64_t now_ns(void)
 {
     return uv_hrtime();
-}
-
-static MYSQL *connect_dsn(const store_dsn *dsn, char *err, size_t err_len)
-{
-    MYSQL *db = mysql_init(NULL);
-    if (!db) {
-        snprintf(err, err_len, "mysql_init: out of memory");
-        return NULL;
-    }
-    unsigned int connect_timeout = 5, io_timeout = 30;
-    mysql_options(db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
-    mysql_options(db, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
-    mysql_options(db, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
-    mysql_options(db, MYSQL_SET_CHARSET_NAME, "utf8mb4");
-    const char *host = dsn->socket[0] ? "localhost" : dsn->host;
-    if (!mysql_real_connect(db, host, dsn->user[0] ? dsn->user : NULL, dsn->password,
-                            dsn->database, dsn->port, dsn->socket[0] ? dsn->socket : NULL,
-                            CLIENT_FOUND_ROWS)) {
-        snprintf(err, err_len, "cannot connect to MySQL at %s:%u/%s: %s (error %u)",
-                 dsn->socket[0] ? dsn->socket : dsn->host, dsn->port, dsn->database,
-                 mysql_error(db), mysql_errno(db));
-        mysql_close(db);
-        return NULL;
-    }
-    if (mysql_autocommit(db, 0) != 0) {
-        snprintf(err, err_len, "cannot disable autocommit: %s", mysql_error(db));
-        mysql_close(db);
-        return NULL;
-    }
-    /* A row-lock wait must end as a retryable 1205 before the client's 30 s read timeout turns
-     * it into "connection lost" (an outage that pauses every consumer). */
-    if (mysql_query(db, "SET SESSION innodb_lock_wait_timeout = "
-                        "LEAST(@@innodb_lock_wait_timeout, 20)") != 0) {
-        snprintf(err, err_len, "cannot set innodb_lock_wait_timeout: %s", mysql_error(db));
-        mysql_close(db);
-        return NULL;
-    }
-    return db;
-}
-
-static void ensure_library_initialised(void)
-{
-    /* mysql_library_init is not thread-safe: the loop thread calls it before any worker starts. */
-    static bool initialised;
-    if (!initialised) {
-        mysql_library_init(0, NULL, NULL);
-        initialised = true;
-    }
-}
-
-MYSQL *store_connect(const config *cfg, char *err, size_t err_len)
-{
-    store_dsn dsn;
-    ensure_library_initialised();
-    if (store_dsn_parse(cfg->mysql_url, &dsn, err, err_len) != 0)
-        return NULL;
-    return connect_dsn(&dsn, err, err_len);
 }
 
 /* Until this version msg_dedup.handler_name was VARCHAR(64) utf8mb4: "Orders" and "orders "
@@ -223,7 +170,7 @@ static bool worker_connect(store_worker *w, store_job *job)
         snprintf(job->error, sizeof job->error, "database unavailable (waiting for the probe)");
         return false;
     }
-    w->db = connect_dsn(&w->pool->dsn, job->error, sizeof job->error);
+    w->db = db_connect(&w->pool->dsn, job->error, sizeof job->error);
     if (w->db)
         atomic_store(&w->pool->database_down, false);
     return w->db != NULL;
@@ -231,54 +178,55 @@ static bool worker_connect(store_worker *w, store_job *job)
 
 static apply_status fail_with_db(store_worker *w, store_job *job, const char *what)
 {
-    job->mysql_errno = mysql_errno(w->db);
-    snprintf(job->error, sizeof job->error, "%s: MySQL error %u (%s): %s", what, job->mysql_errno,
-             mysql_sqlstate(w->db), mysql_error(w->db));
-    return mysql_error_classify(job->mysql_errno);
+    job->mysql_errno = db_error_format_connection(job->error, sizeof job->error, what, w->db);
+    return db_error_classify(job->mysql_errno);
 }
 
 /* Binds (biz_key, handler_name) as the two parameters of a dedup statement. */
-static void bind_dedup_key(MYSQL_BIND params[2], unsigned long lengths[2], const char *biz_key,
+static void bind_dedup_key(MYSQL_BIND params[2], db_bind_slot slots[2], const char *biz_key,
                            const char *handler_name)
 {
-    lengths[0] = strlen(biz_key);
-    lengths[1] = strlen(handler_name);
-    memset(params, 0, 2 * sizeof *params);
-    params[0].buffer_type = MYSQL_TYPE_STRING;
-    params[0].buffer = (void *)biz_key;
-    params[0].length = &lengths[0];
-    params[1].buffer_type = MYSQL_TYPE_STRING;
-    params[1].buffer = (void *)handler_name;
-    params[1].length = &lengths[1];
+    db_bind_text(&params[0], &slots[0], biz_key);
+    db_bind_text(&params[1], &slots[1], handler_name);
 }
 
-/* Inserts the dedup row. APPLY_COMMITTED here means "inserted, go on". */
+/* The dedup insert statement: prepared on first use, or again from scratch when fresh. Returns
+ * APPLY_CONTINUE with it in w->dedup_insert, or the classified failure. */
+static apply_status prepare_dedup_insert(store_worker *w, store_job *job, bool fresh)
+{
+    db_error error;
+    if (w->dedup_insert && !fresh)
+        return APPLY_CONTINUE;
+    if (w->dedup_insert)
+        mysql_stmt_close(w->dedup_insert);
+    w->dedup_insert = NULL;
+    int rc = db_prepare(w->db, dedup_insert_sql, &w->dedup_insert, &error);
+    if (rc == 0)
+        return APPLY_CONTINUE;
+    job->mysql_errno = db_error_format(job->error, sizeof job->error,
+                                       rc == -ENOMEM ? "dedup insert" : "prepare dedup insert",
+                                       &error);
+    return db_error_classify(job->mysql_errno);
+}
+
+/* Inserts the dedup row: APPLY_CONTINUE when inserted, APPLY_DUPLICATE, or the failure. */
 static apply_status insert_dedup_row(store_worker *w, store_job *job, const char *handler_name)
 {
-    if (!w->dedup_insert) {
-        w->dedup_insert = mysql_stmt_init(w->db);
-        if (!w->dedup_insert)
-            return fail_with_db(w, job, "dedup insert");
-        if (mysql_stmt_prepare(w->dedup_insert, dedup_insert_sql, sizeof dedup_insert_sql - 1)) {
-            apply_status status = fail_with_db(w, job, "prepare dedup insert");
-            mysql_stmt_close(w->dedup_insert);
-            w->dedup_insert = NULL;
-            return status;
-        }
-    }
+    apply_status status = prepare_dedup_insert(w, job, false);
+    if (status != APPLY_CONTINUE)
+        return status;
     MYSQL_BIND params[2];
-    unsigned long lengths[2];
-    bind_dedup_key(params, lengths, job->env->biz_key, handler_name);
+    db_bind_slot slots[2] = {{0}};
+    bind_dedup_key(params, slots, job->env->biz_key, handler_name);
     if (mysql_stmt_bind_param(w->dedup_insert, params) || mysql_stmt_execute(w->dedup_insert)) {
         job->mysql_errno = mysql_stmt_errno(w->dedup_insert);
         if (job->mysql_errno == ER_DUP_ENTRY)
             return APPLY_DUPLICATE;
-        snprintf(job->error, sizeof job->error, "dedup insert: MySQL error %u (%s): %s",
-                 job->mysql_errno, mysql_stmt_sqlstate(w->dedup_insert),
-                 mysql_stmt_error(w->dedup_insert));
-        return mysql_error_classify(job->mysql_errno);
+        db_error_format_statement(job->error, sizeof job->error, "dedup insert",
+                                  w->dedup_insert);
+        return db_error_classify(job->mysql_errno);
     }
-    return APPLY_COMMITTED;
+    return APPLY_CONTINUE;
 }
 
 /*
@@ -306,25 +254,28 @@ static apply_status probe_writable(store_worker *w, store_job *job)
         snprintf(job->error, sizeof job->error, "the database is read-only (@@read_only = 1)");
         return APPLY_UNAVAILABLE;
     }
-    return APPLY_COMMITTED;
+    return APPLY_CONTINUE;
 }
 
 /* After idemq's transaction ended behind its back and was rolled back: is the dedup row
  * committed (1), absent (0), or unknown (-1, the connection failed)? */
 static int dedup_row_committed(store_worker *w, const char *biz_key, const char *handler_name)
 {
-    MYSQL_STMT *stmt = mysql_stmt_init(w->db);
+    MYSQL_STMT *stmt;
     MYSQL_BIND params[2];
-    unsigned long lengths[2];
+    db_bind_slot slots[2] = {{0}};
+    db_error error;
     int found = -1;
-    if (!stmt)
+    int rc = db_prepare(w->db, dedup_lookup_sql, &stmt, &error);
+    if (rc == -ENOMEM)
         return -1;
-    bind_dedup_key(params, lengths, biz_key, handler_name);
-    if (mysql_stmt_prepare(stmt, dedup_lookup_sql, sizeof dedup_lookup_sql - 1) == 0 &&
-        mysql_stmt_bind_param(stmt, params) == 0 && mysql_stmt_execute(stmt) == 0 &&
-        mysql_stmt_store_result(stmt) == 0)
-        found = mysql_stmt_num_rows(stmt) > 0;
-    mysql_stmt_close(stmt);
+    if (rc == 0) {
+        bind_dedup_key(params, slots, biz_key, handler_name);
+        if (mysql_stmt_bind_param(stmt, params) == 0 && mysql_stmt_execute(stmt) == 0 &&
+            mysql_stmt_store_result(stmt) == 0)
+            found = mysql_stmt_num_rows(stmt) > 0;
+        mysql_stmt_close(stmt);
+    }
     mysql_rollback(w->db); /* the lookup opened a read transaction: autocommit is off */
     return found;
 }
@@ -344,7 +295,7 @@ static apply_status verify_transaction(store_worker *w, store_job *job, const ch
         job->mysql_errno = error_number;
         snprintf(job->error, sizeof job->error, "checking the transaction: MySQL error %u: %s",
                  error_number, mysql_error(w->db));
-        return mysql_error_classify(error_number);
+        return db_error_classify(error_number);
     }
     mysql_rollback(w->db);
     int committed = dedup_row_committed(w, job->env->biz_key, handler_name);
@@ -367,7 +318,7 @@ static apply_status verify_transaction(store_worker *w, store_job *job, const ch
                  handler_name);
         return APPLY_NON_RETRYABLE;
     }
-    if (status == APPLY_COMMITTED || status == APPLY_STATE_NOOP) {
+    if (status == APPLY_CONTINUE || status == APPLY_STATE_NOOP) {
         snprintf(job->error, sizeof job->error,
                  "the handler reported success, but idemq's transaction had been rolled back "
                  "under it (a deadlock or a lock wait timeout with innodb_rollback_on_timeout "
@@ -386,20 +337,9 @@ static apply_status verify_transaction(store_worker *w, store_job *job, const ch
 static apply_status probe_statements(store_worker *w, store_job *job)
 {
     const config *cfg = w->pool->cfg;
-    if (w->dedup_insert)
-        mysql_stmt_close(w->dedup_insert);
-    w->dedup_insert = mysql_stmt_init(w->db);
-    if (!w->dedup_insert)
-        return fail_with_db(w, job, "dedup insert");
-    if (mysql_stmt_prepare(w->dedup_insert, dedup_insert_sql, sizeof dedup_insert_sql - 1)) {
-        job->mysql_errno = mysql_stmt_errno(w->dedup_insert);
-        snprintf(job->error, sizeof job->error, "prepare dedup insert: MySQL error %u (%s): %s",
-                 job->mysql_errno, mysql_stmt_sqlstate(w->dedup_insert),
-                 mysql_stmt_error(w->dedup_insert));
-        mysql_stmt_close(w->dedup_insert);
-        w->dedup_insert = NULL;
-        return mysql_error_classify(job->mysql_errno);
-    }
+    apply_status status = prepare_dedup_insert(w, job, true);
+    if (status != APPLY_CONTINUE)
+        return status;
     for (size_t i = 0; i < cfg->consumer_count; i++) {
         handler_release(&cfg->consumers[i], w->handler_states[i]);
         w->handler_states[i] = NULL;
@@ -410,22 +350,22 @@ static apply_status probe_statements(store_worker *w, store_job *job)
             .error = job->error,
             .error_len = sizeof job->error,
         };
-        apply_status status = handler_prepare_all(&call);
-        if (status != APPLY_COMMITTED) {
+        status = handler_prepare_all(&call);
+        if (status != APPLY_CONTINUE) {
             job->mysql_errno = call.mysql_errno;
             job->consumer_index = i;
             /* Whatever failed here, messages cannot be applied yet: keep pausing. */
             return APPLY_UNAVAILABLE;
         }
     }
-    return APPLY_COMMITTED;
+    return APPLY_CONTINUE;
 }
 
 static apply_status run_transaction(store_worker *w, store_job *job)
 {
     const config_consumer *consumer = &w->pool->cfg->consumers[job->consumer_index];
     apply_status status = insert_dedup_row(w, job, consumer->handler_name);
-    if (status != APPLY_COMMITTED) {
+    if (status != APPLY_CONTINUE) {
         mysql_rollback(w->db);
         return status;
     }
@@ -448,15 +388,15 @@ static apply_status run_transaction(store_worker *w, store_job *job)
     job->mysql_errno = call.mysql_errno;
     if (status != APPLY_UNAVAILABLE)
         status = verify_transaction(w, job, consumer->handler_name, status);
-    if (status == APPLY_COMMITTED || status == APPLY_STATE_NOOP) {
-        /* Only a successful COMMIT makes the ack safe; a lost connection here leaves the outcome
-         * unknown, and the redelivery is settled by the dedup row either way. */
-        if (mysql_commit(w->db) != 0)
-            status = fail_with_db(w, job, "commit");
-    } else {
+    if (status != APPLY_CONTINUE && status != APPLY_STATE_NOOP) {
         mysql_rollback(w->db);
+        return status;
     }
-    return status;
+    /* Only a successful COMMIT makes the ack safe; a lost connection here leaves the outcome
+     * unknown, and the redelivery is settled by the dedup row either way. */
+    if (mysql_commit(w->db) != 0)
+        return fail_with_db(w, job, "commit");
+    return status == APPLY_CONTINUE ? APPLY_COMMITTED : APPLY_STATE_NOOP;
 }
 
 static void run_job(store_worker *w, store_job *job)
@@ -468,10 +408,13 @@ static void run_job(store_worker *w, store_job *job)
         job->status = APPLY_UNAVAILABLE;
     } else if (job->kind == STORE_JOB_PING || job->kind == STORE_JOB_PROBE) {
         job->status = probe_writable(w, job);
-        if (job->status == APPLY_COMMITTED && job->kind == STORE_JOB_PROBE)
+        if (job->status == APPLY_CONTINUE && job->kind == STORE_JOB_PROBE)
             job->status = probe_statements(w, job);
-        if (job->status == APPLY_COMMITTED)
+        if (job->status == APPLY_CONTINUE) {
+            /* A PING or PROBE job reports a database that passed as APPLY_COMMITTED (store.h). */
+            job->status = APPLY_COMMITTED;
             atomic_store(&w->pool->database_down, false);
+        }
     } else {
         job->status = run_transaction(w, job);
     }
@@ -556,14 +499,15 @@ static void on_async_closed(uv_handle_t *handle)
 int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *err,
                    size_t err_len)
 {
-    ensure_library_initialised();
+    /* Before any worker starts: a worker's first call into the client is mysql_thread_init. */
+    db_library_init();
     store_pool *pool = calloc(1, sizeof *pool);
     if (!pool) {
         snprintf(err, err_len, "out of memory");
         return -1;
     }
     pool->cfg = cfg;
-    if (store_dsn_parse(cfg->mysql_url, &pool->dsn, err, err_len) != 0) {
+    if (db_dsn_parse(cfg->mysql_url, &pool->dsn, err, err_len) != 0) {
         free(pool);
         return -1;
     }

@@ -8,7 +8,12 @@
  * and hands the job back to the loop thread through uv_async_send, where on_done runs. A job is
  * "one message = one outcome", so batching later changes only the inside of a worker.
  * Connections are opened lazily and dropped after an infrastructure error; the next job
- * reconnects. Thread affinity: store_pool_new/submit/free on the loop thread; on_done runs there.
+ * reconnects.
+ *
+ * Errors: functions that can fail return 0 or -1, with a reason in the caller's err buffer where
+ * there is one (store_dedup_schema_check also returns 1, see there); a job's result is its
+ * status, mysql_errno and error.
+ * Thread affinity: store_pool_new/submit/free on the loop thread; on_done runs there.
  */
 #ifndef IDEMQ_STORE_H
 #define IDEMQ_STORE_H
@@ -40,7 +45,9 @@ struct store_job {
     size_t body_len;
     store_done_cb on_done;            /* runs on the loop thread, exactly once per accepted job */
     /* results, written by the worker */
-    apply_status status;
+    apply_status status;              /* APPLY: the message's outcome. PING, PROBE: APPLY_COMMITTED
+                                       * when the database passed, else why not (mostly
+                                       * APPLY_UNAVAILABLE) */
     unsigned int mysql_errno;
     uint64_t duration_ns;
     char error[STORE_ERROR_MAX];
@@ -69,9 +76,7 @@ size_t store_pending(const store_pool *pool);
  */
 void store_pool_free(store_pool *pool);
 
-/* Connects once with the config's URL, for `idemq check` and `idemq migrate`. Returns an owned
- * connection or NULL with a reason in err. */
-struct st_mysql *store_connect(const config *cfg, char *err, size_t err_len);
+struct st_mysql;
 
 /* Creates msg_dedup if missing and upgrades an older layout in place (idempotent). Returns 0
  * with what it did in report, or -1 with the reason. */

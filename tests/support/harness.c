@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "broker/connection.h"
-#include "store/dsn.h"
+#include "db/dsn.h"
 #include "store/store.h"
 
 static const char *required_env(const char *name)
@@ -102,9 +102,9 @@ void harness_write_config(harness *h, const harness_options *o)
 
 static MYSQL *connect_database(const char *database)
 {
-    store_dsn dsn;
+    db_dsn dsn;
     char err[256];
-    cr_assert(store_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, sizeof err) == 0,
+    cr_assert(db_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, sizeof err) == 0,
               "%s", err);
     MYSQL *db = mysql_init(NULL);
     cr_assert(db);
@@ -588,9 +588,9 @@ void harness_db_reconnect(harness *h, int timeout_ms)
     if (h->db)
         mysql_close(h->db);
     h->db = NULL;
-    store_dsn dsn;
+    db_dsn dsn;
     char err[256];
-    cr_assert(store_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, sizeof err) == 0,
+    cr_assert(db_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, sizeof err) == 0,
               "%s", err);
     int64_t deadline = harness_now_ms() + timeout_ms;
     for (;;) {

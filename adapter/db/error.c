@@ -1,12 +1,13 @@
 /*
- * mysql_error — see mysql_error.h.
+ * error — see db/error.h.
  */
-#include "store/mysql_error.h"
+#include "db/error.h"
 
 #include <errmsg.h>
 #include <mysqld_error.h>
+#include <stdio.h>
 
-apply_status mysql_error_classify(unsigned int error_number)
+apply_status db_error_classify(unsigned int error_number)
 {
     switch (error_number) {
     case ER_LOCK_DEADLOCK:
@@ -48,7 +49,7 @@ apply_status mysql_error_classify(unsigned int error_number)
     }
 }
 
-bool mysql_error_is_schema(unsigned int error_number)
+bool db_error_is_schema(unsigned int error_number)
 {
     switch (error_number) {
     case ER_NO_SUCH_TABLE:
@@ -61,4 +62,40 @@ bool mysql_error_is_schema(unsigned int error_number)
     default:
         return false;
     }
+}
+
+void db_error_of_connection(MYSQL *db, db_error *out)
+{
+    out->number = mysql_errno(db);
+    snprintf(out->sqlstate, sizeof out->sqlstate, "%s", mysql_sqlstate(db));
+    snprintf(out->message, sizeof out->message, "%s", mysql_error(db));
+}
+
+void db_error_of_statement(MYSQL_STMT *stmt, db_error *out)
+{
+    out->number = mysql_stmt_errno(stmt);
+    snprintf(out->sqlstate, sizeof out->sqlstate, "%s", mysql_stmt_sqlstate(stmt));
+    snprintf(out->message, sizeof out->message, "%s", mysql_stmt_error(stmt));
+}
+
+unsigned int db_error_format(char *buf, size_t buf_len, const char *what, const db_error *error)
+{
+    snprintf(buf, buf_len, "%s: MySQL error %u (%s): %s", what, error->number, error->sqlstate,
+             error->message);
+    return error->number;
+}
+
+unsigned int db_error_format_statement(char *buf, size_t buf_len, const char *what,
+                                       MYSQL_STMT *stmt)
+{
+    db_error error;
+    db_error_of_statement(stmt, &error);
+    return db_error_format(buf, buf_len, what, &error);
+}
+
+unsigned int db_error_format_connection(char *buf, size_t buf_len, const char *what, MYSQL *db)
+{
+    db_error error;
+    db_error_of_connection(db, &error);
+    return db_error_format(buf, buf_len, what, &error);
 }
