@@ -14,7 +14,7 @@
 #include "db/connect.h"
 #include "db/prepare.h"
 #include "handlers/plugin.h"
-#include "store/store.h"
+#include "store/schema.h"
 
 /* Prepares (never executes) each statement of a sql handler: the server resolves every table and
  * column then, so a typo shows up here rather than on the first message. */

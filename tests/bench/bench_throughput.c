@@ -23,7 +23,7 @@
 
 #include "broker/connection.h"
 #include "db/dsn.h"
-#include "store/store.h"
+#include "store/schema.h"
 
 #define QUEUE_RAW "bench.raw"
 #define QUEUE_IDEMQ "bench.idemq"

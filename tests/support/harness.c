@@ -24,7 +24,7 @@
 
 #include "broker/connection.h"
 #include "db/dsn.h"
-#include "store/store.h"
+#include "store/schema.h"
 
 static const char *required_env(const char *name)
 {
