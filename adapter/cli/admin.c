@@ -13,7 +13,7 @@
 #include "broker/topology.h"
 #include "db/connect.h"
 #include "db/prepare.h"
-#include "handlers/plugin.h"
+#include "handlers/plugin_loader.h"
 #include "store/schema.h"
 
 /* Prepares (never executes) each statement of a sql handler: the server resolves every table and
