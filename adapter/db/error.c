@@ -9,6 +9,8 @@
 
 apply_status db_error_classify(unsigned int error_number)
 {
+    if (db_error_is_schema(error_number))
+        return APPLY_UNAVAILABLE; /* an operator's fix: pause rather than burn the retry budget */
     switch (error_number) {
     case ER_LOCK_DEADLOCK:
     case ER_LOCK_WAIT_TIMEOUT:
@@ -37,12 +39,6 @@ apply_status db_error_classify(unsigned int error_number)
 #endif
     case ER_OPTION_PREVENTS_STATEMENT: /* --read-only after a failover */
     case ER_READ_ONLY_MODE:
-    case ER_NO_SUCH_TABLE:
-    case ER_BAD_FIELD_ERROR:
-    case ER_BAD_DB_ERROR:
-    case ER_TABLEACCESS_DENIED_ERROR:
-    case ER_DBACCESS_DENIED_ERROR:
-    case ER_ACCESS_DENIED_ERROR:
         return APPLY_UNAVAILABLE;
     default:
         return APPLY_RETRYABLE;

@@ -10,9 +10,9 @@
  * (handlers/state_machine.h), sql (handlers/sql.h) and plugin (handlers/plugin.h). They talk to
  * MySQL through db/ only; nothing here knows the store.
  *
- * Errors: every function here returns an apply_status: APPLY_CONTINUE when the step succeeded,
- * APPLY_STATE_NOOP for an idempotent success, otherwise the failure with its reason in
- * call->error (and call->mysql_errno when a MySQL error decided it).
+ * Errors: apply and prepare functions return an apply_status: APPLY_CONTINUE when the step
+ * succeeded, APPLY_STATE_NOOP for an idempotent success, otherwise the failure with its reason
+ * in call->error (and call->mysql_errno when a MySQL error decided it).
  * Thread affinity: the DB worker that owns db.
  */
 #ifndef IDEMQ_HANDLER_H
