@@ -1,17 +1,20 @@
 /*
  * admin — the one-shot subcommands: check, migrate, topology. Blocking calls are fine here:
- * there is no event loop, just a connection, a few RPCs and an exit code.
+ * there is no event loop, just a connection, a few RPCs and an exit code. Thread affinity: the
+ * main thread.
  */
 #include "cli/cli.h"
 
+#include <errno.h>
 #include <mysql.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "broker/connection.h"
 #include "broker/topology.h"
-#include "handlers/plugin.h"
-#include "store/store.h"
+#include "db/connect.h"
+#include "db/prepare.h"
+#include "handlers/plugin_loader.h"
+#include "store/schema.h"
 
 /* Prepares (never executes) each statement of a sql handler: the server resolves every table and
  * column then, so a typo shows up here rather than on the first message. */
@@ -20,17 +23,19 @@ static int check_sql_handler(MYSQL *db, const config_consumer *c)
     const config_sql *sql = &c->handler.sql;
     for (size_t i = 0; i < sql->statement_count; i++) {
         const config_sql_statement *st = &sql->statements[i];
-        MYSQL_STMT *stmt = mysql_stmt_init(db);
-        int rc = 0;
-        if (!stmt) {
+        MYSQL_STMT *stmt;
+        db_error error;
+        int rc = db_prepare(db, st->prepared, &stmt, &error);
+        if (rc == -ENOMEM) {
             fprintf(stderr, "mysql   FAIL consumer %s: out of memory\n", c->queue);
             return 1;
         }
-        if (mysql_stmt_prepare(stmt, st->prepared, (unsigned long)strlen(st->prepared)) != 0) {
+        if (rc != 0) {
             fprintf(stderr, "mysql   FAIL consumer %s statement %zu: %s (error %u)\n", c->queue,
-                    i + 1, mysql_stmt_error(stmt), mysql_stmt_errno(stmt));
-            rc = 1;
-        } else if (mysql_stmt_param_count(stmt) != st->param_count) {
+                    i + 1, error.message, error.number);
+            return 1;
+        }
+        if (mysql_stmt_param_count(stmt) != st->param_count) {
             fprintf(stderr,
                     "mysql   FAIL consumer %s statement %zu: the server sees %lu parameters, the "
                     "config %zu placeholders\n",
@@ -95,7 +100,7 @@ static int check_database(const config *cfg)
 {
     char err[1024], redacted[512];
     config_redact_url(cfg->mysql_url, redacted, sizeof redacted);
-    MYSQL *db = store_connect(cfg, err, sizeof err);
+    MYSQL *db = db_connect_url(cfg->mysql_url, err, sizeof err);
     if (!db) {
         fprintf(stderr, "mysql   FAIL %s: %s\n", redacted, err);
         return 1;
@@ -159,7 +164,7 @@ int cli_check(const config *cfg)
 int cli_migrate(const config *cfg)
 {
     char err[1024];
-    MYSQL *db = store_connect(cfg, err, sizeof err);
+    MYSQL *db = db_connect_url(cfg->mysql_url, err, sizeof err);
     if (!db) {
         fprintf(stderr, "idemq migrate: %s\n", err);
         return 1;

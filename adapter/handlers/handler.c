@@ -6,6 +6,10 @@
 
 #include <stdio.h>
 
+#include "handlers/plugin.h"
+#include "handlers/sql.h"
+#include "handlers/state_machine.h"
+
 apply_status handler_apply(handler_call *call)
 {
     switch (call->consumer->handler.type) {
@@ -28,7 +32,7 @@ apply_status handler_prepare_all(handler_call *call)
     case CONFIG_HANDLER_SQL:
         return sql_handler_prepare_all(call);
     case CONFIG_HANDLER_PLUGIN:
-        return APPLY_COMMITTED;
+        return APPLY_CONTINUE;
     }
     snprintf(call->error, call->error_len, "unknown handler type");
     return APPLY_NON_RETRYABLE;
@@ -49,4 +53,17 @@ void handler_release(const config_consumer *consumer, void *state)
         plugin_handler_release(consumer, state);
         break;
     }
+}
+
+apply_status handler_fail(handler_call *call, const char *what, const db_error *error)
+{
+    call->mysql_errno = db_error_format(call->error, call->error_len, what, error);
+    return db_error_classify(call->mysql_errno);
+}
+
+apply_status handler_fail_statement(handler_call *call, const char *what, MYSQL_STMT *stmt)
+{
+    db_error error;
+    db_error_of_statement(stmt, &error);
+    return handler_fail(call, what, &error);
 }

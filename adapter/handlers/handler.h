@@ -1,12 +1,18 @@
 /*
- * handler — the business step that runs inside the dedup transaction.
+ * handler — the business step that runs inside the dedup transaction, and the dispatch to the
+ * configured handler type.
  *
  * The store opens the transaction and inserts the dedup row; the consumer's handler then applies
  * the business update on the same connection and reports an apply_status with a reason. The store
- * commits on APPLY_COMMITTED / APPLY_STATE_NOOP and rolls back otherwise, so a failed business
+ * commits on APPLY_CONTINUE / APPLY_STATE_NOOP and rolls back otherwise, so a failed business
  * step never leaves a dedup row behind. Handlers may keep per-connection state (prepared
- * statements) in *state; it is released before the connection closes. Handlers: state_machine,
- * sql and plugin.
+ * statements) in *state; it is released before the connection closes. Handlers: state_machine
+ * (handlers/state_machine.h), sql (handlers/sql.h) and plugin (handlers/plugin.h). They talk to
+ * MySQL through db/ only; nothing here knows the store.
+ *
+ * Errors: apply and prepare functions return an apply_status: APPLY_CONTINUE when the step
+ * succeeded, APPLY_STATE_NOOP for an idempotent success, otherwise the failure with its reason
+ * in call->error (and call->mysql_errno when a MySQL error decided it).
  * Thread affinity: the DB worker that owns db.
  */
 #ifndef IDEMQ_HANDLER_H
@@ -16,15 +22,25 @@
 #include <stddef.h>
 
 #include "config/config.h"
+#include "db/error.h"
 #include "envelope/envelope.h"
 #include "policy/outcome.h"
+
+/*
+ * "Go on": what a step inside the transaction returns when it succeeded — a handler whose
+ * business update is done (the store then commits), a statement prepared, the dedup row
+ * inserted. It has the value of APPLY_COMMITTED because apply_status (policy/outcome.h) has no
+ * value of its own for it, but it promises nothing was committed yet: only the store's COMMIT
+ * turns it into APPLY_COMMITTED, the status a job reports.
+ */
+#define APPLY_CONTINUE APPLY_COMMITTED
 
 typedef struct handler_call {
     MYSQL *db;                          /* borrowed; a transaction is open */
     const config_consumer *consumer;    /* borrowed */
     const envelope *env;                /* borrowed */
     void **state;                       /* this worker's slot for this consumer, handler-owned */
-    char *error;                        /* reason for anything but APPLY_COMMITTED */
+    char *error;                        /* reason for anything but APPLY_CONTINUE */
     size_t error_len;
     unsigned int mysql_errno;           /* set when a MySQL error decided the status */
     const void *body;                   /* borrowed raw message body; may be NULL */
@@ -37,27 +53,22 @@ apply_status handler_apply(handler_call *call);
 /*
  * Prepares every statement the handler will run (into its per-connection state, as
  * handler_apply would on first use), executing none: proof that the tables and columns it names
- * exist and are permitted. APPLY_COMMITTED when all prepared; otherwise the classified failure
+ * exist and are permitted. APPLY_CONTINUE when all prepared; otherwise the classified failure
  * with the server's message (naming the table or column) in call->error. call->env is unused.
- * A plugin's statements are its own: nothing to prepare, APPLY_COMMITTED.
+ * A plugin's statements are its own: nothing to prepare, APPLY_CONTINUE.
  */
 apply_status handler_prepare_all(handler_call *call);
 
 /* Frees what handler_apply kept in state (NULL is fine). Call before closing the connection. */
 void handler_release(const config_consumer *consumer, void *state);
 
-/* The state machine handler; see state_machine.c. */
-apply_status state_machine_apply(handler_call *call);
-apply_status state_machine_prepare_all(handler_call *call);
-void state_machine_release(const config_consumer *consumer, void *state);
+/*
+ * For the handlers: fails call with error (borrowed): sets call->mysql_errno and writes
+ * "what: MySQL error N (SQLSTATE): text" into call->error. Returns the error's classification.
+ */
+apply_status handler_fail(handler_call *call, const char *what, const db_error *error);
 
-/* The sql handler: the configured statements with :field placeholders; see sql.c. */
-apply_status sql_handler_apply(handler_call *call);
-apply_status sql_handler_prepare_all(handler_call *call);
-void sql_handler_release(const config_consumer *consumer, void *state);
-
-/* The plugin handler: calls the consumer's loaded plugin (handlers/plugin.h); see plugin.c. */
-apply_status plugin_handler_apply(handler_call *call);
-void plugin_handler_release(const config_consumer *consumer, void *state);
+/* handler_fail with the last error of stmt (borrowed). */
+apply_status handler_fail_statement(handler_call *call, const char *what, MYSQL_STMT *stmt);
 
 #endif

@@ -3,32 +3,33 @@
  *
  * The config loader already parsed each statement's `:field` placeholders (sql_template.h): the
  * worker prepares the rewritten text once per connection and binds, for every message, the
- * fields by dotted path as typed parameters (bind_json_value: strings as strings, integers as
+ * fields by dotted path as typed parameters (db_bind_json: strings as strings, integers as
  * BIGINT, reals as DOUBLE, booleans as TINYINT, null as NULL, maps and arrays as JSON text).
  * Field values are never pasted into SQL, so `'; DROP TABLE orders; --` is just a string.
  *
  * Results: every field is looked up before anything runs, so a missing one is reported by name
  * and is non-retryable (the same message will always miss it). A wrong type is left to MySQL
- * (1366 incorrect value, 1406 too long, 1048 NULL…), which mysql_error_classify judges. With
+ * (1366 incorrect value, 1406 too long, 1048 NULL…), which db_error_classify judges. With
  * expect_rows, the statement's row count — matched rows for UPDATE (the connection uses
  * CLIENT_FOUND_ROWS), affected rows for INSERT/DELETE, returned rows for a SELECT — must equal
  * it; a mismatch is retryable or non-retryable by on_mismatch. The store rolls everything back
  * on any failure. Thread affinity: the DB worker owning call->db; statements are per worker.
  */
-#include "handlers/handler.h"
+#include "handlers/sql.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/bind.h"
-#include "store/mysql_error.h"
+#include "db/bind.h"
+#include "db/prepare.h"
 
 typedef struct sql_state {
     MYSQL_STMT **stmts; /* one per configured statement, prepared on first use */
     size_t stmt_count;
     MYSQL_BIND *binds; /* scratch for the widest statement */
-    bind_slot *slots;
+    db_bind_slot *slots;
     size_t bind_cap;
 } sql_state;
 
@@ -62,28 +63,33 @@ static sql_state *state_for(handler_call *call)
     return st;
 }
 
+/* What a failure of statement index (0-based) during what ("prepare", "execute"…) is called. */
+static const char *statement_step(char *buf, size_t buf_len, size_t index, const char *what)
+{
+    snprintf(buf, buf_len, "statement %zu (%s)", index + 1, what);
+    return buf;
+}
+
 static apply_status fail_statement(handler_call *call, MYSQL_STMT *stmt, size_t index,
                                    const char *what)
 {
-    call->mysql_errno = mysql_stmt_errno(stmt);
-    snprintf(call->error, call->error_len, "statement %zu (%s): MySQL error %u (%s): %s", index + 1,
-             what, call->mysql_errno, mysql_stmt_sqlstate(stmt), mysql_stmt_error(stmt));
-    return mysql_error_classify(call->mysql_errno);
+    char step[64];
+    return handler_fail_statement(call, statement_step(step, sizeof step, index, what), stmt);
 }
 
 static apply_status prepare(handler_call *call, sql_state *st, size_t index)
 {
     const config_sql_statement *cs = &call->consumer->handler.sql.statements[index];
-    MYSQL_STMT *stmt = mysql_stmt_init(call->db);
-    if (!stmt) {
+    MYSQL_STMT *stmt;
+    db_error error;
+    char step[64];
+    int rc = db_prepare(call->db, cs->prepared, &stmt, &error);
+    if (rc == -ENOMEM) {
         snprintf(call->error, call->error_len, "statement %zu: out of memory", index + 1);
         return APPLY_RETRYABLE;
     }
-    if (mysql_stmt_prepare(stmt, cs->prepared, (unsigned long)strlen(cs->prepared)) != 0) {
-        apply_status status = fail_statement(call, stmt, index, "prepare");
-        mysql_stmt_close(stmt);
-        return status;
-    }
+    if (rc != 0)
+        return handler_fail(call, statement_step(step, sizeof step, index, "prepare"), &error);
     if (mysql_stmt_param_count(stmt) != cs->param_count) {
         /* Only possible if the lexer and the server disagree about a '?': refuse to guess. */
         snprintf(call->error, call->error_len,
@@ -93,7 +99,7 @@ static apply_status prepare(handler_call *call, sql_state *st, size_t index)
         return APPLY_NON_RETRYABLE;
     }
     st->stmts[index] = stmt;
-    return APPLY_COMMITTED;
+    return APPLY_CONTINUE;
 }
 
 /* Runs statement index; on success stores its row count in *rows. */
@@ -101,17 +107,17 @@ static apply_status run_statement(handler_call *call, sql_state *st, size_t inde
                                   unsigned long long *rows)
 {
     const config_sql_statement *cs = &call->consumer->handler.sql.statements[index];
-    apply_status status = APPLY_COMMITTED;
+    apply_status status = APPLY_CONTINUE;
     MYSQL_STMT *stmt;
     size_t bound = 0;
 
-    if (!st->stmts[index] && (status = prepare(call, st, index)) != APPLY_COMMITTED)
+    if (!st->stmts[index] && (status = prepare(call, st, index)) != APPLY_CONTINUE)
         return status;
     stmt = st->stmts[index];
     for (; bound < cs->param_count; bound++) {
         const json_t *value = envelope_field(call->env, cs->params[bound]);
         memset(&st->slots[bound], 0, sizeof st->slots[bound]);
-        if (bind_json_value(&st->binds[bound], &st->slots[bound], value) != 0) {
+        if (db_bind_json(&st->binds[bound], &st->slots[bound], value) != 0) {
             snprintf(call->error, call->error_len, "statement %zu: out of memory binding %s",
                      index + 1, cs->params[bound]);
             status = APPLY_RETRYABLE;
@@ -136,7 +142,7 @@ static apply_status run_statement(handler_call *call, sql_state *st, size_t inde
     }
 out:
     for (size_t i = 0; i < bound; i++)
-        bind_slot_release(&st->slots[i]);
+        db_bind_slot_release(&st->slots[i]);
     return status;
 }
 
@@ -167,7 +173,7 @@ apply_status sql_handler_apply(handler_call *call)
         const config_sql_statement *s = &cs->statements[i];
         unsigned long long rows = 0;
         apply_status status = run_statement(call, st, i, &rows);
-        if (status != APPLY_COMMITTED)
+        if (status != APPLY_CONTINUE)
             return status;
         if (s->expect_rows_set && rows != s->expect_rows) {
             snprintf(call->error, call->error_len, "statement %zu changed %llu rows, expected %u",
@@ -176,7 +182,7 @@ apply_status sql_handler_apply(handler_call *call)
                                                                : APPLY_NON_RETRYABLE;
         }
     }
-    return APPLY_COMMITTED;
+    return APPLY_CONTINUE;
 }
 
 apply_status sql_handler_prepare_all(handler_call *call)
@@ -188,10 +194,10 @@ apply_status sql_handler_prepare_all(handler_call *call)
     }
     for (size_t i = 0; i < st->stmt_count; i++) {
         apply_status status;
-        if (!st->stmts[i] && (status = prepare(call, st, i)) != APPLY_COMMITTED)
+        if (!st->stmts[i] && (status = prepare(call, st, i)) != APPLY_CONTINUE)
             return status;
     }
-    return APPLY_COMMITTED;
+    return APPLY_CONTINUE;
 }
 
 void sql_handler_release(const config_consumer *consumer, void *state)

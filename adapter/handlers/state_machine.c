@@ -12,14 +12,15 @@
  * the validated config and are backtick-quoted; every value is a bound parameter.
  * Thread affinity: the DB worker owning call->db. Prepared statements are cached per worker.
  */
-#include "handlers/handler.h"
+#include "handlers/state_machine.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/bind.h"
-#include "store/mysql_error.h"
+#include "db/bind.h"
+#include "db/prepare.h"
 
 #define STATE_VALUE_MAX 256
 
@@ -28,28 +29,15 @@ typedef struct state_machine_statements {
     MYSQL_STMT *select_state;
 } state_machine_statements;
 
-static apply_status fail_with_statement(handler_call *call, MYSQL_STMT *stmt, const char *what)
-{
-    call->mysql_errno = mysql_stmt_errno(stmt);
-    snprintf(call->error, call->error_len, "%s: MySQL error %u (%s): %s", what, call->mysql_errno,
-             mysql_stmt_sqlstate(stmt), mysql_stmt_error(stmt));
-    return mysql_error_classify(call->mysql_errno);
-}
-
 static apply_status prepare(handler_call *call, const char *sql, MYSQL_STMT **out)
 {
-    MYSQL_STMT *stmt = mysql_stmt_init(call->db);
-    if (!stmt) {
+    db_error error;
+    int rc = db_prepare(call->db, sql, out, &error);
+    if (rc == -ENOMEM) {
         snprintf(call->error, call->error_len, "out of memory preparing a statement");
         return APPLY_RETRYABLE;
     }
-    if (mysql_stmt_prepare(stmt, sql, (unsigned long)strlen(sql)) != 0) {
-        apply_status status = fail_with_statement(call, stmt, "prepare");
-        mysql_stmt_close(stmt);
-        return status;
-    }
-    *out = stmt;
-    return APPLY_COMMITTED;
+    return rc == 0 ? APPLY_CONTINUE : handler_fail(call, "prepare", &error);
 }
 
 static char *build_update_sql(const config_state_machine *sm, const config_transition *tr)
@@ -110,14 +98,14 @@ static apply_status classify_unmatched(handler_call *call, state_machine_stateme
 {
     const config_state_machine *sm = &call->consumer->handler.state_machine;
     apply_status status;
-    if (!stmts->select_state && (status = prepare_select_state(call, stmts)) != APPLY_COMMITTED)
+    if (!stmts->select_state && (status = prepare_select_state(call, stmts)) != APPLY_CONTINUE)
         return status;
     MYSQL_STMT *stmt = stmts->select_state;
     MYSQL_BIND param;
-    bind_slot param_slot = {0};
-    if (bind_json_value(&param, &param_slot, key) != 0 || mysql_stmt_bind_param(stmt, &param) ||
+    db_bind_slot param_slot = {0};
+    if (db_bind_json(&param, &param_slot, key) != 0 || mysql_stmt_bind_param(stmt, &param) ||
         mysql_stmt_execute(stmt))
-        return fail_with_statement(call, stmt, "read current state");
+        return handler_fail_statement(call, "read current state", stmt);
 
     char current[STATE_VALUE_MAX + 1] = {0};
     unsigned long current_len = 0;
@@ -129,7 +117,7 @@ static apply_status classify_unmatched(handler_call *call, state_machine_stateme
     result.length = &current_len;
     result.is_null = &current_null;
     if (mysql_stmt_bind_result(stmt, &result) || mysql_stmt_store_result(stmt)) {
-        status = fail_with_statement(call, stmt, "read current state");
+        status = handler_fail_statement(call, "read current state", stmt);
         mysql_stmt_free_result(stmt);
         return status;
     }
@@ -142,7 +130,7 @@ static apply_status classify_unmatched(handler_call *call, state_machine_stateme
         return APPLY_RETRYABLE;
     }
     if (fetched == 1)
-        return fail_with_statement(call, stmt, "read current state");
+        return handler_fail_statement(call, "read current state", stmt);
     if (current_len > STATE_VALUE_MAX)
         current_len = STATE_VALUE_MAX;
     current[current_len] = '\0';
@@ -195,13 +183,13 @@ apply_status state_machine_apply(handler_call *call)
         }
         status = prepare(call, sql, &stmts->updates[index]);
         free(sql);
-        if (status != APPLY_COMMITTED)
+        if (status != APPLY_CONTINUE)
             return status;
     }
 
     size_t param_count = 2 + 2 * sm->set_count + tr->from_count;
     MYSQL_BIND *params = calloc(param_count, sizeof *params);
-    bind_slot *slots = calloc(param_count, sizeof *slots);
+    db_bind_slot *slots = calloc(param_count, sizeof *slots);
     if (!params || !slots) {
         free(params);
         free(slots);
@@ -209,36 +197,34 @@ apply_status state_machine_apply(handler_call *call)
         return APPLY_RETRYABLE;
     }
     size_t p = 0;
-    status = APPLY_COMMITTED;
-    bind_text(&params[p], &slots[p], tr->to);
+    status = APPLY_CONTINUE;
+    db_bind_text(&params[p], &slots[p], tr->to);
     p++;
     for (size_t i = 0; i < sm->set_count; i++, p++) {
         const json_t *value = envelope_field(call->env, sm->set[i].field);
-        slots[p].boolean = value != NULL;
-        params[p].buffer_type = MYSQL_TYPE_TINY;
-        params[p].buffer = &slots[p].boolean;
+        db_bind_bool(&params[p], &slots[p], value != NULL);
         p++;
-        if (bind_json_value(&params[p], &slots[p], value ? value : json_null()) != 0) {
+        if (db_bind_json(&params[p], &slots[p], value ? value : json_null()) != 0) {
             snprintf(call->error, call->error_len, "out of memory");
             status = APPLY_RETRYABLE;
             goto out;
         }
     }
-    bind_json_value(&params[p], &slots[p], key);
+    db_bind_json(&params[p], &slots[p], key);
     p++;
     for (size_t i = 0; i < tr->from_count; i++, p++)
-        bind_text(&params[p], &slots[p], tr->from[i]);
+        db_bind_text(&params[p], &slots[p], tr->from[i]);
 
     MYSQL_STMT *update = stmts->updates[index];
     if (mysql_stmt_bind_param(update, params) || mysql_stmt_execute(update)) {
-        status = fail_with_statement(call, update, "state transition");
+        status = handler_fail_statement(call, "state transition", update);
         goto out;
     }
     if (mysql_stmt_affected_rows(update) == 0)
         status = classify_unmatched(call, stmts, key, tr, event_name);
 out:
     for (size_t i = 0; i < param_count; i++)
-        bind_slot_release(&slots[i]);
+        db_bind_slot_release(&slots[i]);
     free(slots);
     free(params);
     return status;
@@ -262,10 +248,10 @@ apply_status state_machine_prepare_all(handler_call *call)
         }
         apply_status status = prepare(call, sql, &stmts->updates[i]);
         free(sql);
-        if (status != APPLY_COMMITTED)
+        if (status != APPLY_CONTINUE)
             return status;
     }
-    return stmts->select_state ? APPLY_COMMITTED : prepare_select_state(call, stmts);
+    return stmts->select_state ? APPLY_CONTINUE : prepare_select_state(call, stmts);
 }
 
 void state_machine_release(const config_consumer *consumer, void *state)

@@ -9,7 +9,7 @@
 
 #include "ops/log.h"
 #include "policy/backoff.h"
-#include "store/mysql_error.h"
+#include "db/error.h"
 
 /* No jitter: one instance's probes need no spreading, and the first one comes soon. */
 static const backoff_policy probe_backoff = {.initial_ms = 500, .max_ms = 5000};
@@ -19,7 +19,7 @@ static void start_probe(outage *o);
 /* Records why consumption is paused; a schema error outranks an outage (it needs a person). */
 static void set_reason(outage *o, const store_job *job)
 {
-    bool schema = mysql_error_is_schema(job->mysql_errno);
+    bool schema = db_error_is_schema(job->mysql_errno);
     if (o->for_schema && !schema && job->mysql_errno == 0)
         return; /* "waiting for the probe" says less than the schema error we already have */
     o->for_schema = schema;

@@ -1,62 +1,34 @@
 /*
- * pool — DB worker threads and the per-message transaction. See store.h.
+ * pool — DB worker threads and their job queues. See store.h.
  *
  * Jobs travel loop → worker through a mutex/condvar queue and worker → loop through a second list
  * and one uv_async_t (async sends coalesce, so the callback drains the whole list). Each worker
- * owns its MYSQL connection, its prepared dedup insert and the handlers' prepared statements.
+ * owns one session (store/session.h): its MySQL connection and the statements prepared on it.
  */
 #include "store/store.h"
 
 #include <mysql.h>
-#include <mysqld_error.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
+#include "db/connect.h"
+#include "db/dsn.h"
 #include "handlers/handler.h"
-#include "store/dsn.h"
-#include "store/mysql_error.h"
-
-/* Kept identical to schemas/mysql/001_msg_dedup.sql (a unit test compares them). biz_key and
- * handler_name are VARBINARY: utf8mb4 collations are case-insensitive and pad trailing spaces,
- * which would make distinct keys (or handlers) collide and silently drop a business event as a
- * "duplicate". */
-const char store_dedup_ddl[] =
-    "CREATE TABLE IF NOT EXISTS msg_dedup (\n"
-    "  id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n"
-    "  biz_key      VARBINARY(128) NOT NULL,\n"
-    "  handler_name VARBINARY(64) NOT NULL,\n"
-    "  created_at   DATETIME(3)  NOT NULL DEFAULT CURRENT_TIMESTAMP(3),\n"
-    "  UNIQUE KEY uk_biz_handler (biz_key, handler_name),\n"
-    "  KEY idx_created_at (created_at)\n"
-    ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
-
-static const char dedup_insert_sql[] =
-    "INSERT INTO msg_dedup (biz_key, handler_name) VALUES (?, ?)";
-static const char dedup_lookup_sql[] =
-    "SELECT 1 FROM msg_dedup WHERE biz_key = ? AND handler_name = ?";
-
-/* A savepoint set right after the dedup insert lives exactly as long as idemq's transaction:
- * COMMIT, ROLLBACK, an implicit commit (DDL) or the server's own rollback (deadlock, lock wait
- * with innodb_rollback_on_timeout) all destroy it. Releasing it before COMMIT therefore proves,
- * on MySQL and MariaDB alike, that the dedup row is still pending in the transaction that will
- * commit the business update. Handlers must not use this name (include/idemq/plugin.h). */
-#define TXN_GUARD_SAVEPOINT "idemq_txn_guard"
+#include "store/session.h"
+#include "store/transaction.h"
 
 typedef struct store_worker {
     store_pool *pool;
     uv_thread_t thread;
-    MYSQL *db;
-    MYSQL_STMT *dedup_insert;
-    void **handler_states;    /* one per consumer */
+    store_session session;
 } store_worker;
 
 struct store_pool {
     const config *cfg;
-    store_dsn dsn;
+    db_dsn dsn;
     uv_async_t results_ready;
     uv_mutex_t lock;
     uv_cond_t work_available;
@@ -69,7 +41,7 @@ struct store_pool {
     size_t pending;                       /* loop thread only */
     store_worker *workers;
     size_t worker_count;
-    size_t workers_allocated;             /* handler_states allocated (may exceed started) */
+    size_t sessions_initialised;          /* sessions to close (may exceed workers started) */
 };
 
 static uint64_t now_ns(void)
@@ -77,386 +49,31 @@ static uint64_t now_ns(void)
     return uv_hrtime();
 }
 
-static MYSQL *connect_dsn(const store_dsn *dsn, char *err, size_t err_len)
-{
-    MYSQL *db = mysql_init(NULL);
-    if (!db) {
-        snprintf(err, err_len, "mysql_init: out of memory");
-        return NULL;
-    }
-    unsigned int connect_timeout = 5, io_timeout = 30;
-    mysql_options(db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
-    mysql_options(db, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
-    mysql_options(db, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
-    mysql_options(db, MYSQL_SET_CHARSET_NAME, "utf8mb4");
-    const char *host = dsn->socket[0] ? "localhost" : dsn->host;
-    if (!mysql_real_connect(db, host, dsn->user[0] ? dsn->user : NULL, dsn->password,
-                            dsn->database, dsn->port, dsn->socket[0] ? dsn->socket : NULL,
-                            CLIENT_FOUND_ROWS)) {
-        snprintf(err, err_len, "cannot connect to MySQL at %s:%u/%s: %s (error %u)",
-                 dsn->socket[0] ? dsn->socket : dsn->host, dsn->port, dsn->database,
-                 mysql_error(db), mysql_errno(db));
-        mysql_close(db);
-        return NULL;
-    }
-    if (mysql_autocommit(db, 0) != 0) {
-        snprintf(err, err_len, "cannot disable autocommit: %s", mysql_error(db));
-        mysql_close(db);
-        return NULL;
-    }
-    /* A row-lock wait must end as a retryable 1205 before the client's 30 s read timeout turns
-     * it into "connection lost" (an outage that pauses every consumer). */
-    if (mysql_query(db, "SET SESSION innodb_lock_wait_timeout = "
-                        "LEAST(@@innodb_lock_wait_timeout, 20)") != 0) {
-        snprintf(err, err_len, "cannot set innodb_lock_wait_timeout: %s", mysql_error(db));
-        mysql_close(db);
-        return NULL;
-    }
-    return db;
-}
-
-static void ensure_library_initialised(void)
-{
-    /* mysql_library_init is not thread-safe: the loop thread calls it before any worker starts. */
-    static bool initialised;
-    if (!initialised) {
-        mysql_library_init(0, NULL, NULL);
-        initialised = true;
-    }
-}
-
-MYSQL *store_connect(const config *cfg, char *err, size_t err_len)
-{
-    store_dsn dsn;
-    ensure_library_initialised();
-    if (store_dsn_parse(cfg->mysql_url, &dsn, err, err_len) != 0)
-        return NULL;
-    return connect_dsn(&dsn, err, err_len);
-}
-
-/* Until this version msg_dedup.handler_name was VARCHAR(64) utf8mb4: "Orders" and "orders "
- * shared one dedup namespace. The upgrade is safe in place: names equal under byte comparison
- * were already equal under the collation, so the unique key cannot gain a conflict. */
-static const char handler_name_upgrade_sql[] =
-    "ALTER TABLE msg_dedup MODIFY handler_name VARBINARY(64) NOT NULL";
-
-int store_dedup_schema_check(MYSQL *db, char *report, size_t report_len)
-{
-    if (mysql_query(db, "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
-                        "DATABASE() AND TABLE_NAME = 'msg_dedup' AND COLUMN_NAME = "
-                        "'handler_name'") != 0) {
-        snprintf(report, report_len, "reading msg_dedup's columns failed: %s (error %u)",
-                 mysql_error(db), mysql_errno(db));
-        return -1;
-    }
-    MYSQL_RES *res = mysql_store_result(db);
-    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
-    int rc;
-    if (!row || !row[0]) {
-        snprintf(report, report_len, "msg_dedup has no handler_name column; run `idemq migrate`");
-        rc = -1;
-    } else if (strcasecmp(row[0], "varbinary") != 0) {
-        snprintf(report, report_len,
-                 "msg_dedup.handler_name is %s, compared by collation (case-insensitive, trailing "
-                 "spaces ignored); `idemq migrate` changes it to VARBINARY(64) in place",
-                 row[0]);
-        rc = 1;
-    } else {
-        snprintf(report, report_len, "msg_dedup is current");
-        rc = 0;
-    }
-    if (res)
-        mysql_free_result(res);
-    mysql_rollback(db);
-    return rc;
-}
-
-int store_migrate(MYSQL *db, char *report, size_t report_len)
-{
-    char state[512];
-    if (mysql_query(db, store_dedup_ddl) != 0 || mysql_commit(db) != 0) {
-        snprintf(report, report_len, "creating msg_dedup failed: %s (error %u)", mysql_error(db),
-                 mysql_errno(db));
-        return -1;
-    }
-    int rc = store_dedup_schema_check(db, state, sizeof state);
-    if (rc < 0) {
-        snprintf(report, report_len, "%s", state);
-        return -1;
-    }
-    if (rc == 0) {
-        snprintf(report, report_len, "msg_dedup is in place and current");
-        return 0;
-    }
-    if (mysql_query(db, handler_name_upgrade_sql) != 0) {
-        snprintf(report, report_len, "upgrading msg_dedup.handler_name failed: %s (error %u)",
-                 mysql_error(db), mysql_errno(db));
-        return -1;
-    }
-    snprintf(report, report_len,
-             "upgraded msg_dedup.handler_name to VARBINARY(64): handler names now compare byte "
-             "for byte (was: %s)",
-             state);
-    return 0;
-}
-
-static void worker_disconnect(store_worker *w)
-{
-    const config *cfg = w->pool->cfg;
-    for (size_t i = 0; i < cfg->consumer_count; i++) {
-        handler_release(&cfg->consumers[i], w->handler_states[i]);
-        w->handler_states[i] = NULL;
-    }
-    if (w->dedup_insert)
-        mysql_stmt_close(w->dedup_insert);
-    w->dedup_insert = NULL;
-    if (w->db)
-        mysql_close(w->db);
-    w->db = NULL;
-}
-
 static bool worker_connect(store_worker *w, store_job *job)
 {
-    if (w->db)
+    if (w->session.db)
         return true;
     if (job->kind == STORE_JOB_APPLY && atomic_load(&w->pool->database_down)) {
         snprintf(job->error, sizeof job->error, "database unavailable (waiting for the probe)");
         return false;
     }
-    w->db = connect_dsn(&w->pool->dsn, job->error, sizeof job->error);
-    if (w->db)
-        atomic_store(&w->pool->database_down, false);
-    return w->db != NULL;
+    if (store_session_connect(&w->session, &w->pool->dsn, job->error, sizeof job->error) != 0)
+        return false;
+    atomic_store(&w->pool->database_down, false);
+    return true;
 }
 
-static apply_status fail_with_db(store_worker *w, store_job *job, const char *what)
+/* A PING or PROBE job: the checks of store/session.h; a database that passes them is reported
+ * as APPLY_COMMITTED (store.h). */
+static apply_status check_database(store_worker *w, store_job *job)
 {
-    job->mysql_errno = mysql_errno(w->db);
-    snprintf(job->error, sizeof job->error, "%s: MySQL error %u (%s): %s", what, job->mysql_errno,
-             mysql_sqlstate(w->db), mysql_error(w->db));
-    return mysql_error_classify(job->mysql_errno);
-}
-
-/* Binds (biz_key, handler_name) as the two parameters of a dedup statement. */
-static void bind_dedup_key(MYSQL_BIND params[2], unsigned long lengths[2], const char *biz_key,
-                           const char *handler_name)
-{
-    lengths[0] = strlen(biz_key);
-    lengths[1] = strlen(handler_name);
-    memset(params, 0, 2 * sizeof *params);
-    params[0].buffer_type = MYSQL_TYPE_STRING;
-    params[0].buffer = (void *)biz_key;
-    params[0].length = &lengths[0];
-    params[1].buffer_type = MYSQL_TYPE_STRING;
-    params[1].buffer = (void *)handler_name;
-    params[1].length = &lengths[1];
-}
-
-/* Inserts the dedup row. APPLY_COMMITTED here means "inserted, go on". */
-static apply_status insert_dedup_row(store_worker *w, store_job *job, const char *handler_name)
-{
-    if (!w->dedup_insert) {
-        w->dedup_insert = mysql_stmt_init(w->db);
-        if (!w->dedup_insert)
-            return fail_with_db(w, job, "dedup insert");
-        if (mysql_stmt_prepare(w->dedup_insert, dedup_insert_sql, sizeof dedup_insert_sql - 1)) {
-            apply_status status = fail_with_db(w, job, "prepare dedup insert");
-            mysql_stmt_close(w->dedup_insert);
-            w->dedup_insert = NULL;
-            return status;
-        }
-    }
-    MYSQL_BIND params[2];
-    unsigned long lengths[2];
-    bind_dedup_key(params, lengths, job->env->biz_key, handler_name);
-    if (mysql_stmt_bind_param(w->dedup_insert, params) || mysql_stmt_execute(w->dedup_insert)) {
-        job->mysql_errno = mysql_stmt_errno(w->dedup_insert);
-        if (job->mysql_errno == ER_DUP_ENTRY)
-            return APPLY_DUPLICATE;
-        snprintf(job->error, sizeof job->error, "dedup insert: MySQL error %u (%s): %s",
-                 job->mysql_errno, mysql_stmt_sqlstate(w->dedup_insert),
-                 mysql_stmt_error(w->dedup_insert));
-        return mysql_error_classify(job->mysql_errno);
-    }
-    return APPLY_COMMITTED;
-}
-
-/*
- * The outage probe: the server must answer and accept writes. A read-only server (after a
- * failover, or --read-only) answers pings yet fails every transaction, and resuming on it would
- * only pause again at once.
- */
-static apply_status probe_writable(store_worker *w, store_job *job)
-{
-    if (mysql_query(w->db, "SELECT @@global.read_only") != 0) {
-        fail_with_db(w, job, "probe");
-        return APPLY_UNAVAILABLE;
-    }
-    MYSQL_RES *res = mysql_store_result(w->db);
-    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
-    bool read_only = row && row[0] && strcmp(row[0], "0") != 0;
-    if (res)
-        mysql_free_result(res);
-    mysql_rollback(w->db); /* ends the read's transaction: autocommit is off */
-    if (!row) {
-        fail_with_db(w, job, "probe");
-        return APPLY_UNAVAILABLE;
-    }
-    if (read_only) {
-        snprintf(job->error, sizeof job->error, "the database is read-only (@@read_only = 1)");
-        return APPLY_UNAVAILABLE;
-    }
-    return APPLY_COMMITTED;
-}
-
-/* After idemq's transaction ended behind its back and was rolled back: is the dedup row
- * committed (1), absent (0), or unknown (-1, the connection failed)? */
-static int dedup_row_committed(store_worker *w, const char *biz_key, const char *handler_name)
-{
-    MYSQL_STMT *stmt = mysql_stmt_init(w->db);
-    MYSQL_BIND params[2];
-    unsigned long lengths[2];
-    int found = -1;
-    if (!stmt)
-        return -1;
-    bind_dedup_key(params, lengths, biz_key, handler_name);
-    if (mysql_stmt_prepare(stmt, dedup_lookup_sql, sizeof dedup_lookup_sql - 1) == 0 &&
-        mysql_stmt_bind_param(stmt, params) == 0 && mysql_stmt_execute(stmt) == 0 &&
-        mysql_stmt_store_result(stmt) == 0)
-        found = mysql_stmt_num_rows(stmt) > 0;
-    mysql_stmt_close(stmt);
-    mysql_rollback(w->db); /* the lookup opened a read transaction: autocommit is off */
-    return found;
-}
-
-/*
- * Checks the savepoint set after the dedup insert (TXN_GUARD_SAVEPOINT). Returns status
- * unchanged when the transaction is still idemq's; otherwise rolls back whatever runs in its
- * place and returns the status that tells the truth, with the cause in job->error.
- */
-static apply_status verify_transaction(store_worker *w, store_job *job, const char *handler_name,
-                                       apply_status status)
-{
-    if (mysql_query(w->db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) == 0)
+    apply_status status = store_session_check_writable(&w->session, job);
+    if (status == APPLY_CONTINUE && job->kind == STORE_JOB_PROBE)
+        status = store_session_check_statements(&w->session, job);
+    if (status != APPLY_CONTINUE)
         return status;
-    unsigned int error_number = mysql_errno(w->db);
-    if (error_number != ER_SP_DOES_NOT_EXIST) {
-        job->mysql_errno = error_number;
-        snprintf(job->error, sizeof job->error, "checking the transaction: MySQL error %u: %s",
-                 error_number, mysql_error(w->db));
-        return mysql_error_classify(error_number);
-    }
-    mysql_rollback(w->db);
-    int committed = dedup_row_committed(w, job->env->biz_key, handler_name);
-    if (committed < 0) {
-        snprintf(job->error, sizeof job->error,
-                 "idemq's transaction ended during the handler, and checking the dedup row "
-                 "failed: MySQL error %u: %s",
-                 mysql_errno(w->db), mysql_error(w->db));
-        return APPLY_UNAVAILABLE;
-    }
-    if (committed) {
-        /* Something the handler ran committed the dedup row with part of the effect: a retry
-         * would be swallowed as a duplicate, so only a person can put this right. */
-        snprintf(job->error, sizeof job->error,
-                 "the handler ended idemq's transaction with a COMMIT (a CALLed procedure that "
-                 "commits, or a statement with an implicit commit such as DDL): the dedup row "
-                 "was committed with only the effect before that point; idemq rolled back the "
-                 "rest. Fix the handler (it must never commit), repair the row, and delete the "
-                 "msg_dedup row (biz_key, handler %s) before replaying",
-                 handler_name);
-        return APPLY_NON_RETRYABLE;
-    }
-    if (status == APPLY_COMMITTED || status == APPLY_STATE_NOOP) {
-        snprintf(job->error, sizeof job->error,
-                 "the handler reported success, but idemq's transaction had been rolled back "
-                 "under it (a deadlock or a lock wait timeout with innodb_rollback_on_timeout "
-                 "that the handler ignored, or a ROLLBACK in a CALLed procedure): nothing was "
-                 "committed");
-        return APPLY_RETRYABLE;
-    }
-    return status; /* rolled back and the handler already said why (e.g. 1213) */
-}
-
-/*
- * The second half of the outage probe: every statement a message will run prepares again, from
- * scratch (cached ones are dropped first). After a schema error (a table renamed away, a column
- * dropped, a grant revoked) this is what proves the operator's fix, where a ping would not.
- */
-static apply_status probe_statements(store_worker *w, store_job *job)
-{
-    const config *cfg = w->pool->cfg;
-    if (w->dedup_insert)
-        mysql_stmt_close(w->dedup_insert);
-    w->dedup_insert = mysql_stmt_init(w->db);
-    if (!w->dedup_insert)
-        return fail_with_db(w, job, "dedup insert");
-    if (mysql_stmt_prepare(w->dedup_insert, dedup_insert_sql, sizeof dedup_insert_sql - 1)) {
-        job->mysql_errno = mysql_stmt_errno(w->dedup_insert);
-        snprintf(job->error, sizeof job->error, "prepare dedup insert: MySQL error %u (%s): %s",
-                 job->mysql_errno, mysql_stmt_sqlstate(w->dedup_insert),
-                 mysql_stmt_error(w->dedup_insert));
-        mysql_stmt_close(w->dedup_insert);
-        w->dedup_insert = NULL;
-        return mysql_error_classify(job->mysql_errno);
-    }
-    for (size_t i = 0; i < cfg->consumer_count; i++) {
-        handler_release(&cfg->consumers[i], w->handler_states[i]);
-        w->handler_states[i] = NULL;
-        handler_call call = {
-            .db = w->db,
-            .consumer = &cfg->consumers[i],
-            .state = &w->handler_states[i],
-            .error = job->error,
-            .error_len = sizeof job->error,
-        };
-        apply_status status = handler_prepare_all(&call);
-        if (status != APPLY_COMMITTED) {
-            job->mysql_errno = call.mysql_errno;
-            job->consumer_index = i;
-            /* Whatever failed here, messages cannot be applied yet: keep pausing. */
-            return APPLY_UNAVAILABLE;
-        }
-    }
+    atomic_store(&w->pool->database_down, false);
     return APPLY_COMMITTED;
-}
-
-static apply_status run_transaction(store_worker *w, store_job *job)
-{
-    const config_consumer *consumer = &w->pool->cfg->consumers[job->consumer_index];
-    apply_status status = insert_dedup_row(w, job, consumer->handler_name);
-    if (status != APPLY_COMMITTED) {
-        mysql_rollback(w->db);
-        return status;
-    }
-    if (mysql_query(w->db, "SAVEPOINT " TXN_GUARD_SAVEPOINT) != 0) {
-        status = fail_with_db(w, job, "savepoint");
-        mysql_rollback(w->db);
-        return status;
-    }
-    handler_call call = {
-        .db = w->db,
-        .consumer = consumer,
-        .env = job->env,
-        .body = job->body,
-        .body_len = job->body_len,
-        .state = &w->handler_states[job->consumer_index],
-        .error = job->error,
-        .error_len = sizeof job->error,
-    };
-    status = handler_apply(&call);
-    job->mysql_errno = call.mysql_errno;
-    if (status != APPLY_UNAVAILABLE)
-        status = verify_transaction(w, job, consumer->handler_name, status);
-    if (status == APPLY_COMMITTED || status == APPLY_STATE_NOOP) {
-        /* Only a successful COMMIT makes the ack safe; a lost connection here leaves the outcome
-         * unknown, and the redelivery is settled by the dedup row either way. */
-        if (mysql_commit(w->db) != 0)
-            status = fail_with_db(w, job, "commit");
-    } else {
-        mysql_rollback(w->db);
-    }
-    return status;
 }
 
 static void run_job(store_worker *w, store_job *job)
@@ -464,19 +81,14 @@ static void run_job(store_worker *w, store_job *job)
     uint64_t started = now_ns();
     job->error[0] = '\0';
     job->mysql_errno = 0;
-    if (!worker_connect(w, job)) {
+    if (!worker_connect(w, job))
         job->status = APPLY_UNAVAILABLE;
-    } else if (job->kind == STORE_JOB_PING || job->kind == STORE_JOB_PROBE) {
-        job->status = probe_writable(w, job);
-        if (job->status == APPLY_COMMITTED && job->kind == STORE_JOB_PROBE)
-            job->status = probe_statements(w, job);
-        if (job->status == APPLY_COMMITTED)
-            atomic_store(&w->pool->database_down, false);
-    } else {
-        job->status = run_transaction(w, job);
-    }
+    else if (job->kind == STORE_JOB_PING || job->kind == STORE_JOB_PROBE)
+        job->status = check_database(w, job);
+    else
+        job->status = store_transaction_run(&w->session, job);
     if (job->status == APPLY_UNAVAILABLE) {
-        worker_disconnect(w);
+        store_session_disconnect(&w->session);
         atomic_store(&w->pool->database_down, true);
     }
     job->duration_ns = now_ns() - started;
@@ -513,7 +125,7 @@ static void worker_main(void *arg)
         uv_mutex_unlock(&pool->lock);
         uv_async_send(&pool->results_ready);
     }
-    worker_disconnect(w);
+    store_session_disconnect(&w->session);
     mysql_thread_end();
 }
 
@@ -539,9 +151,8 @@ static void on_results_ready(uv_async_t *handle)
 
 static void free_pool_memory(store_pool *pool)
 {
-    if (pool->workers)
-        for (size_t i = 0; i < pool->workers_allocated; i++)
-            free(pool->workers[i].handler_states);
+    for (size_t i = 0; i < pool->sessions_initialised; i++)
+        store_session_close(&pool->workers[i].session);
     free(pool->workers);
     uv_cond_destroy(&pool->work_available);
     uv_mutex_destroy(&pool->lock);
@@ -556,14 +167,15 @@ static void on_async_closed(uv_handle_t *handle)
 int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *err,
                    size_t err_len)
 {
-    ensure_library_initialised();
+    /* Before any worker starts: a worker's first call into the client is mysql_thread_init. */
+    db_library_init();
     store_pool *pool = calloc(1, sizeof *pool);
     if (!pool) {
         snprintf(err, err_len, "out of memory");
         return -1;
     }
     pool->cfg = cfg;
-    if (store_dsn_parse(cfg->mysql_url, &pool->dsn, err, err_len) != 0) {
+    if (db_dsn_parse(cfg->mysql_url, &pool->dsn, err, err_len) != 0) {
         free(pool);
         return -1;
     }
@@ -575,10 +187,9 @@ int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *e
         goto fail;
     for (size_t i = 0; i < pool->worker_count; i++) {
         pool->workers[i].pool = pool;
-        pool->workers[i].handler_states = calloc(cfg->consumer_count, sizeof(void *));
-        if (!pool->workers[i].handler_states)
+        if (store_session_init(&pool->workers[i].session, cfg) != 0)
             goto fail;
-        pool->workers_allocated = i + 1;
+        pool->sessions_initialised = i + 1;
     }
     if (uv_async_init(loop, &pool->results_ready, on_results_ready) != 0)
         goto fail;

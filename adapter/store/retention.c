@@ -5,6 +5,7 @@
  */
 #include "store/retention.h"
 
+#include <errno.h>
 #include <mysql.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -14,8 +15,11 @@
 #include <string.h>
 #include <uv.h>
 
+#include "db/bind.h"
+#include "db/connect.h"
+#include "db/dsn.h"
+#include "db/prepare.h"
 #include "ops/log.h"
-#include "store/dsn.h"
 
 #define RETENTION_WARN_BELOW_MS (3600 * 1000ULL)
 #define RETENTION_LOCK_WAIT_S 5
@@ -26,7 +30,7 @@ static const char delete_sql[] =
 
 struct retention {
     const config *cfg;
-    store_dsn dsn;
+    db_dsn dsn;
     uv_thread_t thread;
     uv_mutex_t lock;
     uv_cond_t wake;
@@ -48,45 +52,28 @@ static void disconnect(retention *job)
 /* Connects and prepares the DELETE when needed. Returns 0, or -1 with a reason in err. */
 static int ensure_ready(retention *job, char *err, size_t err_len)
 {
-    const store_dsn *dsn = &job->dsn;
+    db_error error;
     if (job->delete_stmt)
         return 0;
     if (!job->db) {
-        unsigned int connect_timeout = 5, io_timeout = 30;
-        job->db = mysql_init(NULL);
-        if (!job->db) {
-            snprintf(err, err_len, "mysql_init: out of memory");
+        job->db = db_connect(&job->dsn, err, err_len);
+        if (!job->db)
             return -1;
-        }
-        mysql_options(job->db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
-        mysql_options(job->db, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
-        mysql_options(job->db, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
-        mysql_options(job->db, MYSQL_SET_CHARSET_NAME, "utf8mb4");
-        if (!mysql_real_connect(job->db, dsn->socket[0] ? "localhost" : dsn->host,
-                                dsn->user[0] ? dsn->user : NULL, dsn->password, dsn->database,
-                                dsn->port, dsn->socket[0] ? dsn->socket : NULL, 0)) {
-            snprintf(err, err_len, "cannot connect to MySQL at %s:%u/%s: %s (error %u)",
-                     dsn->socket[0] ? dsn->socket : dsn->host, dsn->port, dsn->database,
-                     mysql_error(job->db), mysql_errno(job->db));
-            disconnect(job);
-            return -1;
-        }
+        /* Shorter than the workers' lock wait: a sweep yields to business transactions. */
         char sql[96];
         snprintf(sql, sizeof sql, "SET SESSION innodb_lock_wait_timeout = %d",
                  RETENTION_LOCK_WAIT_S);
-        if (mysql_autocommit(job->db, 0) != 0 || mysql_query(job->db, sql) != 0) {
+        if (mysql_query(job->db, sql) != 0) {
             snprintf(err, err_len, "cannot set up the retention session: %s (error %u)",
                      mysql_error(job->db), mysql_errno(job->db));
             disconnect(job);
             return -1;
         }
     }
-    job->delete_stmt = mysql_stmt_init(job->db);
-    if (!job->delete_stmt ||
-        mysql_stmt_prepare(job->delete_stmt, delete_sql, sizeof delete_sql - 1) != 0) {
+    int rc = db_prepare(job->db, delete_sql, &job->delete_stmt, &error);
+    if (rc != 0) {
         snprintf(err, err_len, "cannot prepare the retention DELETE: %s (error %u)",
-                 job->delete_stmt ? mysql_stmt_error(job->delete_stmt) : "out of memory",
-                 job->delete_stmt ? mysql_stmt_errno(job->delete_stmt) : 0);
+                 rc == -ENOMEM ? "out of memory" : error.message, rc == -ENOMEM ? 0 : error.number);
         disconnect(job);
         return -1;
     }
@@ -120,11 +107,9 @@ static void sweep(retention *job)
         goto out;
     for (;;) {
         MYSQL_BIND params[2];
-        memset(params, 0, sizeof params);
-        params[0].buffer_type = MYSQL_TYPE_LONGLONG;
-        params[0].buffer = &age_s;
-        params[1].buffer_type = MYSQL_TYPE_LONGLONG;
-        params[1].buffer = &limit;
+        db_bind_slot slots[2] = {{0}};
+        db_bind_int(&params[0], &slots[0], age_s);
+        db_bind_int(&params[1], &slots[1], limit);
         if (mysql_stmt_bind_param(job->delete_stmt, params) ||
             mysql_stmt_execute(job->delete_stmt)) {
             snprintf(err, sizeof err, "DELETE failed: %s (error %u)",
@@ -193,13 +178,12 @@ int retention_start(const config *cfg, retention **out, char *err, size_t err_le
         return -1;
     }
     job->cfg = cfg;
-    if (store_dsn_parse(cfg->mysql_url, &job->dsn, err, err_len) != 0) {
+    if (db_dsn_parse(cfg->mysql_url, &job->dsn, err, err_len) != 0) {
         free(job);
         return -1;
     }
-    /* mysql_library_init is not thread-safe: make sure it ran here, on the main thread, before
-     * the job's thread calls mysql_init. Calling it again later is harmless. */
-    mysql_library_init(0, NULL, NULL);
+    /* Before the job's thread starts: its first call into the client is mysql_thread_init. */
+    db_library_init();
     atomic_init(&job->stopping, false);
     uv_mutex_init(&job->lock);
     uv_cond_init(&job->wake);

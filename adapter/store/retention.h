@@ -17,6 +17,8 @@
  * DLQ replay or producer resend you want deduplicated. A redelivery of a message whose row was
  * already deleted is applied again. Below 1h a warning is logged at startup (tests use seconds).
  *
+ * Errors: retention_start returns 0 or -1 with a reason in the caller's err buffer; a failing
+ * sweep is logged, never returned.
  * Thread affinity: start/stop on the main (loop) thread; the sweeps run on the job's own thread,
  * which calls mysql_thread_init/mysql_thread_end. The database may be down: the job keeps trying
  * every interval and never affects message processing.

@@ -1,14 +1,19 @@
 /*
- * store — the DB worker pool: one MYSQL connection per thread, one transaction per message.
+ * store — the DB worker pool: one MySQL session per thread, one transaction per message.
  *
- * The loop thread submits jobs; a worker takes one, runs
- *   INSERT INTO msg_dedup(biz_key, handler_name)  (the unique index decides duplicates)
- *   handler (same transaction)
- *   COMMIT, or ROLLBACK on anything but success
+ * The loop thread submits jobs; a worker takes one, runs it on its session (store/session.h):
+ *   APPLY  the message's transaction (store/transaction.h): dedup insert, handler, COMMIT, or
+ *          ROLLBACK on anything but success
+ *   PING   connect if needed, check the server accepts writes (health)
+ *   PROBE  PING, and every statement prepares again (the outage probe)
  * and hands the job back to the loop thread through uv_async_send, where on_done runs. A job is
  * "one message = one outcome", so batching later changes only the inside of a worker.
  * Connections are opened lazily and dropped after an infrastructure error; the next job
- * reconnects. Thread affinity: store_pool_new/submit/free on the loop thread; on_done runs there.
+ * reconnects. msg_dedup's DDL and migration are in store/schema.h.
+ *
+ * Errors: functions that can fail return 0 or -1, with a reason in the caller's err buffer where
+ * there is one; a job's result is its status, mysql_errno and error.
+ * Thread affinity: store_pool_new/submit/pending/free on the loop thread; on_done runs there.
  */
 #ifndef IDEMQ_STORE_H
 #define IDEMQ_STORE_H
@@ -40,7 +45,9 @@ struct store_job {
     size_t body_len;
     store_done_cb on_done;            /* runs on the loop thread, exactly once per accepted job */
     /* results, written by the worker */
-    apply_status status;
+    apply_status status;              /* APPLY: the message's outcome. PING, PROBE: APPLY_COMMITTED
+                                       * when the database passed, else why not (mostly
+                                       * APPLY_UNAVAILABLE) */
     unsigned int mysql_errno;
     uint64_t duration_ns;
     char error[STORE_ERROR_MAX];
@@ -68,20 +75,5 @@ size_t store_pending(const store_pool *pool);
  * loop afterwards. store_pool_free(NULL) is a no-op.
  */
 void store_pool_free(store_pool *pool);
-
-/* Connects once with the config's URL, for `idemq check` and `idemq migrate`. Returns an owned
- * connection or NULL with a reason in err. */
-struct st_mysql *store_connect(const config *cfg, char *err, size_t err_len);
-
-/* Creates msg_dedup if missing and upgrades an older layout in place (idempotent). Returns 0
- * with what it did in report, or -1 with the reason. */
-int store_migrate(struct st_mysql *db, char *report, size_t report_len);
-
-/* Whether msg_dedup has the current layout: 0 current, 1 an older one that `idemq migrate`
- * upgrades (report says how it differs), -1 unreadable or missing (report says why). */
-int store_dedup_schema_check(struct st_mysql *db, char *report, size_t report_len);
-
-/* The DDL store_migrate runs; schemas/mysql/001_msg_dedup.sql holds the same statement. */
-extern const char store_dedup_ddl[];
 
 #endif

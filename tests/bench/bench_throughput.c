@@ -22,15 +22,15 @@
 #include <uv.h>
 
 #include "broker/connection.h"
-#include "store/dsn.h"
-#include "store/store.h"
+#include "db/dsn.h"
+#include "store/schema.h"
 
 #define QUEUE_RAW "bench.raw"
 #define QUEUE_IDEMQ "bench.idemq"
 #define DATABASE "idemq_bench"
 
 static int messages = 5000, runs = 3, workers = 4;
-static store_dsn dsn;
+static db_dsn dsn;
 
 static double now_s(void)
 {
@@ -284,7 +284,7 @@ int main(int argc, char **argv)
     char err[256];
     if (!mysql_url || !amqp_url)
         die("environment", "IDEMQ_TEST_MYSQL_URL / IDEMQ_TEST_AMQP_URL not set (. .state/env)");
-    if (store_dsn_parse(mysql_url, &dsn, err, sizeof err) != 0)
+    if (db_dsn_parse(mysql_url, &dsn, err, sizeof err) != 0)
         die("mysql url", err);
     mysql_library_init(0, NULL, NULL);
 

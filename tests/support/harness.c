@@ -30,7 +30,8 @@
 #include <unistd.h>
 
 #include "broker/connection.h"
-#include "store/dsn.h"
+#include "db/dsn.h"
+#include "store/schema.h"
 #include "store/store.h"
 
 /* ---------------------------------------------------------------------------------- connections */
@@ -56,8 +57,8 @@ static void pause_ms(int ms)
 static MYSQL *try_connect_database(const char *database, unsigned int connect_timeout_s,
                                    char *err, size_t err_len)
 {
-    store_dsn dsn;
-    cr_assert(store_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, err_len) == 0,
+    db_dsn dsn;
+    cr_assert(db_dsn_parse(required_env("IDEMQ_TEST_MYSQL_URL"), &dsn, err, err_len) == 0,
               "%s", err);
     MYSQL *db = mysql_init(NULL);
     cr_assert(db);

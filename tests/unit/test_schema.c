@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/store.h"
+#include "store/schema.h"
 
 /* Drops SQL comments, the trailing semicolon and folds white space. */
 static void normalise(const char *in, char *out, size_t cap)

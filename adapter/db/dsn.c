@@ -1,7 +1,7 @@
 /*
  * dsn — see dsn.h. User and password are percent-decoded so passwords may hold '@' or ':'.
  */
-#include "store/dsn.h"
+#include "db/dsn.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -40,7 +40,7 @@ static int percent_decode(const char *begin, const char *end, char *out, size_t 
     return 0;
 }
 
-int store_dsn_parse(const char *url, store_dsn *dsn, char *err, size_t err_len)
+int db_dsn_parse(const char *url, db_dsn *dsn, char *err, size_t err_len)
 {
     static const char scheme[] = "mysql://";
     memset(dsn, 0, sizeof *dsn);

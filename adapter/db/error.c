@@ -1,0 +1,97 @@
+/*
+ * error — see db/error.h.
+ */
+#include "db/error.h"
+
+#include <errmsg.h>
+#include <mysqld_error.h>
+#include <stdio.h>
+
+apply_status db_error_classify(unsigned int error_number)
+{
+    if (db_error_is_schema(error_number))
+        return APPLY_UNAVAILABLE; /* an operator's fix: pause rather than burn the retry budget */
+    switch (error_number) {
+    case ER_LOCK_DEADLOCK:
+    case ER_LOCK_WAIT_TIMEOUT:
+    case ER_QUERY_INTERRUPTED:
+        return APPLY_RETRYABLE;
+    case ER_BAD_NULL_ERROR:
+    case ER_TRUNCATED_WRONG_VALUE_FOR_FIELD:
+    case ER_TRUNCATED_WRONG_VALUE:
+    case ER_WARN_DATA_OUT_OF_RANGE:
+    case ER_DATA_TOO_LONG:
+    case ER_NO_REFERENCED_ROW_2:
+    case ER_DUP_ENTRY: /* a unique index of the business table, not the dedup row */
+    case ER_DUP_ENTRY_WITH_KEY_NAME:
+        return APPLY_NON_RETRYABLE;
+    case CR_CONNECTION_ERROR:
+    case CR_CONN_HOST_ERROR:
+    case CR_UNKNOWN_HOST:
+    case CR_SERVER_GONE_ERROR:
+    case CR_SERVER_LOST:
+    case CR_SERVER_LOST_EXTENDED:
+    case CR_COMMANDS_OUT_OF_SYNC:
+    case ER_CON_COUNT_ERROR:
+    case ER_SERVER_SHUTDOWN:
+#ifdef ER_CONNECTION_KILLED
+    case ER_CONNECTION_KILLED: /* MariaDB only: KILL CONNECTION, e.g. by a failover tool */
+#endif
+    case ER_OPTION_PREVENTS_STATEMENT: /* --read-only after a failover */
+    case ER_READ_ONLY_MODE:
+        return APPLY_UNAVAILABLE;
+    default:
+        return APPLY_RETRYABLE;
+    }
+}
+
+bool db_error_is_schema(unsigned int error_number)
+{
+    switch (error_number) {
+    case ER_NO_SUCH_TABLE:
+    case ER_BAD_FIELD_ERROR:
+    case ER_BAD_DB_ERROR:
+    case ER_TABLEACCESS_DENIED_ERROR:
+    case ER_DBACCESS_DENIED_ERROR:
+    case ER_ACCESS_DENIED_ERROR:
+        return true;
+    default:
+        return false;
+    }
+}
+
+void db_error_of_connection(MYSQL *db, db_error *out)
+{
+    out->number = mysql_errno(db);
+    snprintf(out->sqlstate, sizeof out->sqlstate, "%s", mysql_sqlstate(db));
+    snprintf(out->message, sizeof out->message, "%s", mysql_error(db));
+}
+
+void db_error_of_statement(MYSQL_STMT *stmt, db_error *out)
+{
+    out->number = mysql_stmt_errno(stmt);
+    snprintf(out->sqlstate, sizeof out->sqlstate, "%s", mysql_stmt_sqlstate(stmt));
+    snprintf(out->message, sizeof out->message, "%s", mysql_stmt_error(stmt));
+}
+
+unsigned int db_error_format(char *buf, size_t buf_len, const char *what, const db_error *error)
+{
+    snprintf(buf, buf_len, "%s: MySQL error %u (%s): %s", what, error->number, error->sqlstate,
+             error->message);
+    return error->number;
+}
+
+unsigned int db_error_format_statement(char *buf, size_t buf_len, const char *what,
+                                       MYSQL_STMT *stmt)
+{
+    db_error error;
+    db_error_of_statement(stmt, &error);
+    return db_error_format(buf, buf_len, what, &error);
+}
+
+unsigned int db_error_format_connection(char *buf, size_t buf_len, const char *what, MYSQL *db)
+{
+    db_error error;
+    db_error_of_connection(db, &error);
+    return db_error_format(buf, buf_len, what, &error);
+}

@@ -1,0 +1,88 @@
+/*
+ * schema — see store/schema.h.
+ */
+#include "store/schema.h"
+
+#include <mysql.h>
+#include <stdio.h>
+#include <strings.h>
+
+/* Kept identical to schemas/mysql/001_msg_dedup.sql (a unit test compares them). biz_key and
+ * handler_name are VARBINARY: utf8mb4 collations are case-insensitive and pad trailing spaces,
+ * which would make distinct keys (or handlers) collide and silently drop a business event as a
+ * "duplicate". */
+const char store_dedup_ddl[] =
+    "CREATE TABLE IF NOT EXISTS msg_dedup (\n"
+    "  id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n"
+    "  biz_key      VARBINARY(128) NOT NULL,\n"
+    "  handler_name VARBINARY(64) NOT NULL,\n"
+    "  created_at   DATETIME(3)  NOT NULL DEFAULT CURRENT_TIMESTAMP(3),\n"
+    "  UNIQUE KEY uk_biz_handler (biz_key, handler_name),\n"
+    "  KEY idx_created_at (created_at)\n"
+    ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
+
+/* Until this version msg_dedup.handler_name was VARCHAR(64) utf8mb4: "Orders" and "orders "
+ * shared one dedup namespace. The upgrade is safe in place: names equal under byte comparison
+ * were already equal under the collation, so the unique key cannot gain a conflict. */
+static const char handler_name_upgrade_sql[] =
+    "ALTER TABLE msg_dedup MODIFY handler_name VARBINARY(64) NOT NULL";
+
+int store_dedup_schema_check(MYSQL *db, char *report, size_t report_len)
+{
+    if (mysql_query(db, "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+                        "DATABASE() AND TABLE_NAME = 'msg_dedup' AND COLUMN_NAME = "
+                        "'handler_name'") != 0) {
+        snprintf(report, report_len, "reading msg_dedup's columns failed: %s (error %u)",
+                 mysql_error(db), mysql_errno(db));
+        return -1;
+    }
+    MYSQL_RES *res = mysql_store_result(db);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+    int rc;
+    if (!row || !row[0]) {
+        snprintf(report, report_len, "msg_dedup has no handler_name column; run `idemq migrate`");
+        rc = -1;
+    } else if (strcasecmp(row[0], "varbinary") != 0) {
+        snprintf(report, report_len,
+                 "msg_dedup.handler_name is %s, compared by collation (case-insensitive, trailing "
+                 "spaces ignored); `idemq migrate` changes it to VARBINARY(64) in place",
+                 row[0]);
+        rc = 1;
+    } else {
+        snprintf(report, report_len, "msg_dedup is current");
+        rc = 0;
+    }
+    if (res)
+        mysql_free_result(res);
+    mysql_rollback(db);
+    return rc;
+}
+
+int store_migrate(MYSQL *db, char *report, size_t report_len)
+{
+    char state[512];
+    if (mysql_query(db, store_dedup_ddl) != 0 || mysql_commit(db) != 0) {
+        snprintf(report, report_len, "creating msg_dedup failed: %s (error %u)", mysql_error(db),
+                 mysql_errno(db));
+        return -1;
+    }
+    int rc = store_dedup_schema_check(db, state, sizeof state);
+    if (rc < 0) {
+        snprintf(report, report_len, "%s", state);
+        return -1;
+    }
+    if (rc == 0) {
+        snprintf(report, report_len, "msg_dedup is in place and current");
+        return 0;
+    }
+    if (mysql_query(db, handler_name_upgrade_sql) != 0) {
+        snprintf(report, report_len, "upgrading msg_dedup.handler_name failed: %s (error %u)",
+                 mysql_error(db), mysql_errno(db));
+        return -1;
+    }
+    snprintf(report, report_len,
+             "upgraded msg_dedup.handler_name to VARBINARY(64): handler names now compare byte "
+             "for byte (was: %s)",
+             state);
+    return 0;
+}

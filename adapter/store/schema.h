@@ -1,0 +1,26 @@
+/*
+ * schema — idemq's own table, msg_dedup: its DDL, the check that it has the current layout, and
+ * the in-place upgrade `idemq migrate` runs.
+ * Errors: store_migrate returns 0 or -1; store_dedup_schema_check 0, 1 or -1 (below); the text
+ * goes into the caller's report buffer either way.
+ * Thread affinity: the thread that owns db (the CLI's main thread).
+ */
+#ifndef IDEMQ_STORE_SCHEMA_H
+#define IDEMQ_STORE_SCHEMA_H
+
+#include <stddef.h>
+
+struct st_mysql;
+
+/* Creates msg_dedup if missing and upgrades an older layout in place (idempotent). Returns 0
+ * with what it did in report, or -1 with the reason. */
+int store_migrate(struct st_mysql *db, char *report, size_t report_len);
+
+/* Whether msg_dedup has the current layout: 0 current, 1 an older one that `idemq migrate`
+ * upgrades (report says how it differs), -1 unreadable or missing (report says why). */
+int store_dedup_schema_check(struct st_mysql *db, char *report, size_t report_len);
+
+/* The DDL store_migrate runs; schemas/mysql/001_msg_dedup.sql holds the same statement. */
+extern const char store_dedup_ddl[];
+
+#endif

@@ -1,0 +1,127 @@
+/*
+ * session — see store/session.h.
+ */
+#include "store/session.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db/connect.h"
+#include "db/error.h"
+#include "db/prepare.h"
+#include "handlers/handler.h"
+
+static const char dedup_insert_sql[] =
+    "INSERT INTO msg_dedup (biz_key, handler_name) VALUES (?, ?)";
+
+int store_session_init(store_session *s, const config *cfg)
+{
+    memset(s, 0, sizeof *s);
+    s->cfg = cfg;
+    s->handler_states = calloc(cfg->consumer_count, sizeof *s->handler_states);
+    return s->handler_states ? 0 : -1;
+}
+
+void store_session_close(store_session *s)
+{
+    store_session_disconnect(s);
+    free(s->handler_states);
+    s->handler_states = NULL;
+}
+
+int store_session_connect(store_session *s, const db_dsn *dsn, char *err, size_t err_len)
+{
+    if (!s->db)
+        s->db = db_connect(dsn, err, err_len);
+    return s->db ? 0 : -1;
+}
+
+void store_session_disconnect(store_session *s)
+{
+    if (s->handler_states)
+        for (size_t i = 0; i < s->cfg->consumer_count; i++) {
+            handler_release(&s->cfg->consumers[i], s->handler_states[i]);
+            s->handler_states[i] = NULL;
+        }
+    if (s->dedup_insert)
+        mysql_stmt_close(s->dedup_insert);
+    s->dedup_insert = NULL;
+    if (s->db)
+        mysql_close(s->db);
+    s->db = NULL;
+}
+
+apply_status store_session_fail(store_session *s, store_job *job, const char *what)
+{
+    job->mysql_errno = db_error_format_connection(job->error, sizeof job->error, what, s->db);
+    return db_error_classify(job->mysql_errno);
+}
+
+apply_status store_session_prepare_dedup_insert(store_session *s, store_job *job, bool fresh)
+{
+    db_error error;
+    if (s->dedup_insert && !fresh)
+        return APPLY_CONTINUE;
+    if (s->dedup_insert)
+        mysql_stmt_close(s->dedup_insert);
+    s->dedup_insert = NULL;
+    int rc = db_prepare(s->db, dedup_insert_sql, &s->dedup_insert, &error);
+    if (rc == 0)
+        return APPLY_CONTINUE;
+    job->mysql_errno = db_error_format(job->error, sizeof job->error,
+                                       rc == -ENOMEM ? "dedup insert" : "prepare dedup insert",
+                                       &error);
+    return db_error_classify(job->mysql_errno);
+}
+
+apply_status store_session_check_writable(store_session *s, store_job *job)
+{
+    if (mysql_query(s->db, "SELECT @@global.read_only") != 0) {
+        store_session_fail(s, job, "probe");
+        return APPLY_UNAVAILABLE;
+    }
+    MYSQL_RES *res = mysql_store_result(s->db);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+    bool read_only = row && row[0] && strcmp(row[0], "0") != 0;
+    if (res)
+        mysql_free_result(res);
+    mysql_rollback(s->db); /* ends the read's transaction: autocommit is off */
+    if (!row) {
+        store_session_fail(s, job, "probe");
+        return APPLY_UNAVAILABLE;
+    }
+    if (read_only) {
+        snprintf(job->error, sizeof job->error, "the database is read-only (@@read_only = 1)");
+        return APPLY_UNAVAILABLE;
+    }
+    return APPLY_CONTINUE;
+}
+
+apply_status store_session_check_statements(store_session *s, store_job *job)
+{
+    const config *cfg = s->cfg;
+    apply_status status = store_session_prepare_dedup_insert(s, job, true);
+    if (status != APPLY_CONTINUE)
+        return status;
+    for (size_t i = 0; i < cfg->consumer_count; i++) {
+        handler_release(&cfg->consumers[i], s->handler_states[i]);
+        s->handler_states[i] = NULL;
+        handler_call call = {
+            .db = s->db,
+            .consumer = &cfg->consumers[i],
+            .state = &s->handler_states[i],
+            .error = job->error,
+            .error_len = sizeof job->error,
+        };
+        status = handler_prepare_all(&call);
+        if (status != APPLY_CONTINUE) {
+            job->mysql_errno = call.mysql_errno;
+            job->consumer_index = i;
+            /* Whatever failed here, messages cannot be applied yet: keep pausing. */
+            return APPLY_UNAVAILABLE;
+        }
+    }
+    return APPLY_CONTINUE;
+}

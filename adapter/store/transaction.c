@@ -1,0 +1,164 @@
+/*
+ * transaction — see store/transaction.h. The savepoint guard is what makes "ack only after the
+ * commit of idemq's own transaction" hold whatever a handler or plugin ran.
+ */
+#include "store/transaction.h"
+
+#include <errno.h>
+#include <mysql.h>
+#include <mysqld_error.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "db/bind.h"
+#include "db/error.h"
+#include "db/prepare.h"
+#include "handlers/handler.h"
+
+static const char dedup_lookup_sql[] =
+    "SELECT 1 FROM msg_dedup WHERE biz_key = ? AND handler_name = ?";
+
+/* A savepoint set right after the dedup insert lives exactly as long as idemq's transaction:
+ * COMMIT, ROLLBACK, an implicit commit (DDL) or the server's own rollback (deadlock, lock wait
+ * with innodb_rollback_on_timeout) all destroy it. Releasing it before COMMIT therefore proves,
+ * on MySQL and MariaDB alike, that the dedup row is still pending in the transaction that will
+ * commit the business update. Handlers must not use this name (include/idemq/plugin.h). */
+#define TXN_GUARD_SAVEPOINT "idemq_txn_guard"
+
+/* Binds (biz_key, handler_name) as the two parameters of a dedup statement. */
+static void bind_dedup_key(MYSQL_BIND params[2], db_bind_slot slots[2], const char *biz_key,
+                           const char *handler_name)
+{
+    db_bind_text(&params[0], &slots[0], biz_key);
+    db_bind_text(&params[1], &slots[1], handler_name);
+}
+
+/* Inserts the dedup row: APPLY_CONTINUE when inserted, APPLY_DUPLICATE, or the failure. */
+static apply_status insert_dedup_row(store_session *s, store_job *job, const char *handler_name)
+{
+    apply_status status = store_session_prepare_dedup_insert(s, job, false);
+    if (status != APPLY_CONTINUE)
+        return status;
+    MYSQL_BIND params[2];
+    db_bind_slot slots[2] = {{0}};
+    bind_dedup_key(params, slots, job->env->biz_key, handler_name);
+    if (mysql_stmt_bind_param(s->dedup_insert, params) || mysql_stmt_execute(s->dedup_insert)) {
+        job->mysql_errno = mysql_stmt_errno(s->dedup_insert);
+        if (job->mysql_errno == ER_DUP_ENTRY)
+            return APPLY_DUPLICATE;
+        db_error_format_statement(job->error, sizeof job->error, "dedup insert",
+                                  s->dedup_insert);
+        return db_error_classify(job->mysql_errno);
+    }
+    return APPLY_CONTINUE;
+}
+
+/* After idemq's transaction ended behind its back and was rolled back: is the dedup row
+ * committed (1), absent (0), or unknown (-1, the connection failed)? */
+static int dedup_row_committed(store_session *s, const char *biz_key, const char *handler_name)
+{
+    MYSQL_STMT *stmt;
+    MYSQL_BIND params[2];
+    db_bind_slot slots[2] = {{0}};
+    db_error error;
+    int found = -1;
+    int rc = db_prepare(s->db, dedup_lookup_sql, &stmt, &error);
+    if (rc == -ENOMEM)
+        return -1;
+    if (rc == 0) {
+        bind_dedup_key(params, slots, biz_key, handler_name);
+        if (mysql_stmt_bind_param(stmt, params) == 0 && mysql_stmt_execute(stmt) == 0 &&
+            mysql_stmt_store_result(stmt) == 0)
+            found = mysql_stmt_num_rows(stmt) > 0;
+        mysql_stmt_close(stmt);
+    }
+    mysql_rollback(s->db); /* the lookup opened a read transaction: autocommit is off */
+    return found;
+}
+
+/*
+ * Checks the savepoint set after the dedup insert (TXN_GUARD_SAVEPOINT). Returns status
+ * unchanged when the transaction is still idemq's; otherwise rolls back whatever runs in its
+ * place and returns the status that tells the truth, with the cause in job->error.
+ */
+static apply_status verify_transaction(store_session *s, store_job *job, const char *handler_name,
+                                       apply_status status)
+{
+    if (mysql_query(s->db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) == 0)
+        return status;
+    unsigned int error_number = mysql_errno(s->db);
+    if (error_number != ER_SP_DOES_NOT_EXIST) {
+        job->mysql_errno = error_number;
+        snprintf(job->error, sizeof job->error, "checking the transaction: MySQL error %u: %s",
+                 error_number, mysql_error(s->db));
+        return db_error_classify(error_number);
+    }
+    mysql_rollback(s->db);
+    int committed = dedup_row_committed(s, job->env->biz_key, handler_name);
+    if (committed < 0) {
+        snprintf(job->error, sizeof job->error,
+                 "idemq's transaction ended during the handler, and checking the dedup row "
+                 "failed: MySQL error %u: %s",
+                 mysql_errno(s->db), mysql_error(s->db));
+        return APPLY_UNAVAILABLE;
+    }
+    if (committed) {
+        /* Something the handler ran committed the dedup row with part of the effect: a retry
+         * would be swallowed as a duplicate, so only a person can put this right. */
+        snprintf(job->error, sizeof job->error,
+                 "the handler ended idemq's transaction with a COMMIT (a CALLed procedure that "
+                 "commits, or a statement with an implicit commit such as DDL): the dedup row "
+                 "was committed with only the effect before that point; idemq rolled back the "
+                 "rest. Fix the handler (it must never commit), repair the row, and delete the "
+                 "msg_dedup row (biz_key, handler %s) before replaying",
+                 handler_name);
+        return APPLY_NON_RETRYABLE;
+    }
+    if (status == APPLY_CONTINUE || status == APPLY_STATE_NOOP) {
+        snprintf(job->error, sizeof job->error,
+                 "the handler reported success, but idemq's transaction had been rolled back "
+                 "under it (a deadlock or a lock wait timeout with innodb_rollback_on_timeout "
+                 "that the handler ignored, or a ROLLBACK in a CALLed procedure): nothing was "
+                 "committed");
+        return APPLY_RETRYABLE;
+    }
+    return status; /* rolled back and the handler already said why (e.g. 1213) */
+}
+
+apply_status store_transaction_run(store_session *s, store_job *job)
+{
+    const config_consumer *consumer = &s->cfg->consumers[job->consumer_index];
+    apply_status status = insert_dedup_row(s, job, consumer->handler_name);
+    if (status != APPLY_CONTINUE) {
+        mysql_rollback(s->db);
+        return status;
+    }
+    if (mysql_query(s->db, "SAVEPOINT " TXN_GUARD_SAVEPOINT) != 0) {
+        status = store_session_fail(s, job, "savepoint");
+        mysql_rollback(s->db);
+        return status;
+    }
+    handler_call call = {
+        .db = s->db,
+        .consumer = consumer,
+        .env = job->env,
+        .body = job->body,
+        .body_len = job->body_len,
+        .state = &s->handler_states[job->consumer_index],
+        .error = job->error,
+        .error_len = sizeof job->error,
+    };
+    status = handler_apply(&call);
+    job->mysql_errno = call.mysql_errno;
+    if (status != APPLY_UNAVAILABLE)
+        status = verify_transaction(s, job, consumer->handler_name, status);
+    if (status != APPLY_CONTINUE && status != APPLY_STATE_NOOP) {
+        mysql_rollback(s->db);
+        return status;
+    }
+    /* Only a successful COMMIT makes the ack safe; a lost connection here leaves the outcome
+     * unknown, and the redelivery is settled by the dedup row either way. */
+    if (mysql_commit(s->db) != 0)
+        return store_session_fail(s, job, "commit");
+    return status == APPLY_CONTINUE ? APPLY_COMMITTED : APPLY_STATE_NOOP;
+}
