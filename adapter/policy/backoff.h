@@ -3,7 +3,7 @@
  * RabbitMQ reconnect, the database probe while consumption is paused): the delay doubles per
  * attempt from initial_ms up to max_ms, plus an optional jitter proportional to it, so a fleet of
  * instances does not retry in lock-step. A pure function: the caller brings the attempt count and
- * the random bits. No I/O, no globals, no config.
+ * the random bits. No I/O, no globals, no config. Thread affinity: none (pure).
  */
 #ifndef IDEMQ_BACKOFF_H
 #define IDEMQ_BACKOFF_H

@@ -4,7 +4,7 @@
  * I/O classifies, policy decides: the store reports an apply_status; outcome_decide turns it and
  * the retry count carried in the message's header into ack / retry(level, delay) / dead-letter /
  * hold (keep it unacked while the database is unusable). A pure function, tested as a table. No
- * I/O, no globals.
+ * I/O, no globals. Thread affinity: none (pure).
  */
 #ifndef IDEMQ_OUTCOME_H
 #define IDEMQ_OUTCOME_H

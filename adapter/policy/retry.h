@@ -6,7 +6,8 @@
  * the level's largest possible delay; each copy carries its own `expiration` for the drawn delay.
  * A copy therefore waits at most until the copy ahead of it expires, which is never later than
  * its own delay + jitter: jitter adds no head-of-line blocking beyond its own span (a message
- * whose delay is d is back on Q by d + jitter + 1 s). No I/O, no globals.
+ * whose delay is d is back on Q by d + jitter + 1 s). No I/O, no globals. Thread affinity:
+ * none (pure).
  */
 #ifndef IDEMQ_RETRY_H
 #define IDEMQ_RETRY_H
