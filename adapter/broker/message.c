@@ -157,6 +157,28 @@ bool message_header_bytes(const amqp_basic_properties_t *props, const char *name
     return true;
 }
 
+static void copy_trace_id(char *dst, amqp_bytes_t src)
+{
+    size_t n = src.len > MESSAGE_TRACE_ID_MAX ? MESSAGE_TRACE_ID_MAX : src.len;
+    memcpy(dst, src.bytes, n);
+    dst[n] = '\0';
+    for (size_t i = 0; i < n; i++)
+        if (dst[i] == '\0') /* a NUL inside would hide the rest; show it as a space */
+            dst[i] = ' ';
+}
+
+void message_trace_read(const amqp_basic_properties_t *props, message_trace *out)
+{
+    memset(out, 0, sizeof *out);
+    if (props->_flags & AMQP_BASIC_MESSAGE_ID_FLAG)
+        copy_trace_id(out->message_id, props->message_id);
+    if (props->_flags & AMQP_BASIC_CORRELATION_ID_FLAG)
+        copy_trace_id(out->correlation_id, props->correlation_id);
+    amqp_bytes_t traceparent;
+    if (message_header_bytes(props, HEADER_TRACEPARENT, &traceparent))
+        copy_trace_id(out->traceparent, traceparent);
+}
+
 static bool header_is_replaced(amqp_bytes_t key)
 {
     static const char *const prefixes[] = {"x-death", "x-first-death-", "x-last-death-",

@@ -68,6 +68,21 @@ bool message_header_int(const amqp_basic_properties_t *props, const char *name, 
 bool message_header_bytes(const amqp_basic_properties_t *props, const char *name,
                           amqp_bytes_t *out);
 
+/* W3C trace context header, logged when a producer sets it. */
+#define HEADER_TRACEPARENT "traceparent"
+#define MESSAGE_TRACE_ID_MAX 128
+
+/* The identifiers a producer may set outside the body, copied as NUL-terminated text (cut to
+ * MESSAGE_TRACE_ID_MAX bytes); "" when absent. They trace a message whose body cannot be read. */
+typedef struct message_trace {
+    char message_id[MESSAGE_TRACE_ID_MAX + 1];     /* the message_id property */
+    char correlation_id[MESSAGE_TRACE_ID_MAX + 1]; /* the correlation_id property */
+    char traceparent[MESSAGE_TRACE_ID_MAX + 1];    /* the traceparent header */
+} message_trace;
+
+/* Fills out from props (borrowed). */
+void message_trace_read(const amqp_basic_properties_t *props, message_trace *out);
+
 /* What a retry or DLQ copy carries in addition to the original properties. */
 typedef struct copy_headers {
     int64_t retries;

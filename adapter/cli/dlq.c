@@ -47,6 +47,10 @@ typedef struct dead_letter {
     char error[HEADER_ERROR_MAX + 1];
     int64_t retries;
     int64_t first_failed_at_ms;
+    /* The producer's identifiers: what tells keyless dead letters apart. message_id is the
+     * envelope's, else the AMQP property; "" when absent. */
+    char message_id[MESSAGE_TRACE_ID_MAX + 1];
+    message_trace trace;
 } dead_letter;
 
 static const config_consumer *find_consumer(const config *cfg, const char *queue)
@@ -81,8 +85,12 @@ static void describe(const amqp_message_t *m, const config *cfg, dead_letter *ou
     envelope_limits limits = {.max_body = cfg->max_body};
     int rc = envelope_decode(m->body.bytes, m->body.len, content_type, &limits, &env, reason,
                              sizeof reason);
+    message_trace_read(&m->properties, &out->trace);
+    snprintf(out->message_id, sizeof out->message_id, "%s", out->trace.message_id);
     if (rc == ENVELOPE_OK) {
         snprintf(out->biz_key, sizeof out->biz_key, "%s", env.biz_key);
+        if (env.message_id && env.message_id[0])
+            snprintf(out->message_id, sizeof out->message_id, "%s", env.message_id);
         envelope_close(&env);
     } else {
         snprintf(out->biz_key, sizeof out->biz_key, "(no key: %s)", envelope_error_name(rc));
@@ -117,9 +125,13 @@ static json_t *dead_letter_json(const dead_letter *d)
 {
     char when[40];
     format_time(d->first_failed_at_ms, when, sizeof when);
-    return json_pack("{s:s, s:s, s:s, s:I, s:s, s:I}", "biz_key", d->biz_key, "error_class",
-                     d->error_class, "error", d->error, "retries", (json_int_t)d->retries,
-                     "first_failed_at", when, "age_seconds", (json_int_t)age_seconds(d));
+    return json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:s?, s:s?, s:s?}", "biz_key", d->biz_key,
+                     "error_class", d->error_class, "error", d->error, "retries",
+                     (json_int_t)d->retries, "first_failed_at", when, "age_seconds",
+                     (json_int_t)age_seconds(d), "message_id",
+                     d->message_id[0] ? d->message_id : NULL, "correlation_id",
+                     d->trace.correlation_id[0] ? d->trace.correlation_id : NULL, "traceparent",
+                     d->trace.traceparent[0] ? d->trace.traceparent : NULL);
 }
 
 static void print_dead_letter(const dead_letter *d)
@@ -128,6 +140,10 @@ static void print_dead_letter(const dead_letter *d)
     format_time(d->first_failed_at_ms, when, sizeof when);
     printf("%-40s %-18s retries=%-3" PRId64 " first_failed=%s age=%llds\n    reason: %s\n",
            d->biz_key, d->error_class, d->retries, when, (long long)age_seconds(d), d->error);
+    if (d->message_id[0] || d->trace.correlation_id[0] || d->trace.traceparent[0])
+        printf("    ids:%s%s%s%s%s%s\n", d->message_id[0] ? " message_id=" : "", d->message_id,
+               d->trace.correlation_id[0] ? " correlation_id=" : "", d->trace.correlation_id,
+               d->trace.traceparent[0] ? " traceparent=" : "", d->trace.traceparent);
 }
 
 static int purge(amqp_connection_state_t conn, const char *dlq, const dlq_options *opts)

@@ -17,6 +17,7 @@
  */
 #include "envelope/envelope.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -614,16 +615,41 @@ static const char *json_type_name(const json_t *v)
     return "unknown";
 }
 
+/* A top-level key that is biz_key but for case and separators ('_', '-', '.', ' '), or NULL. */
+static const char *near_miss_biz_key(const json_t *root)
+{
+    static const char wanted[] = "bizkey";
+    const char *key;
+    json_t *value;
+    json_object_foreach((json_t *)root, key, value) {
+        size_t n = 0;
+        bool same = true;
+        for (const char *p = key; *p && same; p++) {
+            if (*p == '_' || *p == '-' || *p == '.' || *p == ' ')
+                continue;
+            char lower = (char)tolower((unsigned char)*p);
+            same = n < sizeof wanted - 1 && lower == wanted[n];
+            n++;
+        }
+        if (same && n == sizeof wanted - 1)
+            return key;
+    }
+    return NULL;
+}
+
 static int check_biz_key(const json_t *root, decode_ctx *c, const char **out)
 {
     char q[QUOTE_MAX * 4 + 8];
     const json_t *v = json_object_get(root, "biz_key");
 
     if (!v) {
-        /* The seed's cross-language trap: a camelCase producer. Say so in the reason. */
-        if (json_object_get(root, "bizKey"))
+        /* The seed's cross-language trap: a producer that spells the key its own way (bizKey,
+         * BizKey from an untagged Go struct, biz-key, BIZ_KEY). Say so in the reason. */
+        const char *near_miss = near_miss_biz_key(root);
+        if (near_miss)
             return fail(c, ENVELOPE_E_BIZ_KEY_MISSING,
-                        "biz_key is missing (found \"bizKey\"; envelope keys are snake_case)");
+                        "biz_key is missing (found \"%s\"; envelope keys are snake_case)",
+                        quote(q, sizeof q, near_miss, strlen(near_miss), QUOTE_MAX));
         return fail(c, ENVELOPE_E_BIZ_KEY_MISSING, "biz_key is missing");
     }
     if (!json_is_string(v))

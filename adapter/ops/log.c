@@ -66,6 +66,12 @@ void log_write(log_level level, const log_context *ctx, const char *fmt, ...)
             json_object_set_new(line, "biz_key", json_string(ctx->biz_key));
         if (ctx->message_id)
             json_object_set_new(line, "message_id", json_string(ctx->message_id));
+        if (ctx->amqp_message_id)
+            json_object_set_new(line, "amqp_message_id", json_string(ctx->amqp_message_id));
+        if (ctx->correlation_id)
+            json_object_set_new(line, "correlation_id", json_string(ctx->correlation_id));
+        if (ctx->traceparent)
+            json_object_set_new(line, "traceparent", json_string(ctx->traceparent));
         if (ctx->retries >= 0)
             json_object_set_new(line, "retries", json_integer(ctx->retries));
         if (ctx->outcome)

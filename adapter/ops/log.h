@@ -1,8 +1,9 @@
 /*
  * log — one JSON object per line on stderr.
  *
- * Every line carries the message context (queue, biz_key, message_id, retries) when there is one,
- * so an operator can grep a key across the retry ladder. Values are escaped by jansson; secrets are
+ * Every line carries the message context (queue, biz_key, message_id, correlation_id,
+ * traceparent, retries) when there is one, so an operator can grep a key across the retry ladder
+ * and find a message whose body could not be read by the identifiers its producer set. Values are escaped by jansson; secrets are
  * never passed in (URLs go through config_redact_url first). Thread affinity: any thread; each
  * line is written under the stdio lock (flockfile), so lines from workers never interleave.
  */
@@ -24,7 +25,10 @@ typedef enum log_level {
 typedef struct log_context {
     const char *queue;
     const char *biz_key;
-    const char *message_id;
+    const char *message_id;      /* the envelope's, else the AMQP property */
+    const char *amqp_message_id; /* the AMQP property when it differs from the envelope's */
+    const char *correlation_id;  /* the AMQP property */
+    const char *traceparent;     /* the W3C trace context header */
     long retries;          /* < 0: omitted */
     const char *outcome;
 } log_context;

@@ -6,6 +6,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* A producer-set idemq-retries beyond this is not believed (it only sizes the retry ladder). */
 #define MAX_TRUSTED_RETRIES 1000
@@ -28,6 +29,7 @@ delivery *delivery_new(broker_message *msg, const config_consumer *consumer)
             header_value > MAX_TRUSTED_RETRIES ? MAX_TRUSTED_RETRIES : (unsigned)header_value;
     if (message_header_int(&msg->properties, HEADER_FIRST_FAILED_AT, &header_value))
         d->first_failed_at_ms = header_value;
+    message_trace_read(&msg->properties, &d->trace);
     return d;
 }
 
@@ -66,12 +68,24 @@ int delivery_decode(delivery *d, size_t max_body)
     return 0;
 }
 
+static const char *or_null(const char *text)
+{
+    return text && text[0] ? text : NULL;
+}
+
 log_context delivery_log_context(const delivery *d, const char *outcome_name)
 {
+    const char *body_id = d->decoded ? or_null(d->env.message_id) : NULL;
+    const char *property_id = or_null(d->trace.message_id);
     log_context ctx = {
         .queue = d->consumer->queue,
         .biz_key = d->decoded ? d->env.biz_key : NULL,
-        .message_id = d->decoded ? d->env.message_id : NULL,
+        .message_id = body_id ? body_id : property_id,
+        .amqp_message_id = body_id && property_id && strcmp(body_id, property_id) != 0
+                               ? property_id
+                               : NULL,
+        .correlation_id = or_null(d->trace.correlation_id),
+        .traceparent = or_null(d->trace.traceparent),
         .retries = d->retries,
         .outcome = outcome_name,
     };

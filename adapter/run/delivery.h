@@ -37,6 +37,7 @@ typedef struct delivery {
     outcome out;                /* what settle_delivery decided */
     struct settler *settler;    /* borrowed: carries out its outcome (settle.h) */
     struct delivery *held_next; /* on the outage's hold list while consumption is paused */
+    message_trace trace;        /* the producer's identifiers outside the body, for logs */
 } delivery;
 
 /* The delivery whose job this is (job is its first member). */

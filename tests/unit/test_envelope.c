@@ -521,3 +521,29 @@ Test(envelope, every_error_code_has_its_name_and_others_are_unknown)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         cr_expect_str_eq(envelope_error_name(names[i].code), names[i].name);
 }
+
+Test(envelope, a_near_miss_of_biz_key_in_any_case_or_separator_is_named_in_the_reason)
+{
+    /* Each ecosystem misspells the key its own way: a Go struct without tags sends BizKey, a
+     * Java bean bizKey, a hand-written producer biz-key or BIZ_KEY. */
+    static const char *const bodies[] = {
+        "{\"BizKey\":\"k\"}", "{\"bizKey\":\"k\"}", "{\"biz-key\":\"k\"}",
+        "{\"BIZ_KEY\":\"k\"}", "{\"Biz.Key\":\"k\"}",
+    };
+    static const char *const names[] = {"BizKey", "bizKey", "biz-key", "BIZ_KEY", "Biz.Key"};
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        envelope env;
+        char err[256] = "";
+        char expected[128];
+        int rc = envelope_decode(bodies[i], strlen(bodies[i]), NULL, NULL, &env, err, sizeof err);
+        cr_expect_eq(rc, ENVELOPE_E_BIZ_KEY_MISSING, "%s", bodies[i]);
+        snprintf(expected, sizeof expected, "found \"%s\"", names[i]);
+        cr_expect(strstr(err, expected), "%s: the reason does not name the key: %s", bodies[i],
+                  err);
+    }
+    envelope env;
+    char err[256] = "";
+    /* Not a near miss: another word that merely contains the letters. */
+    envelope_decode("{\"bizkeys\":\"k\",\"key\":1}", 23, NULL, NULL, &env, err, sizeof err);
+    cr_expect_str_eq(err, "biz_key is missing");
+}
