@@ -433,13 +433,15 @@ static int connect_first(broker_session *s, char *err, size_t err_len)
         }
         if (rc == BROKER_E_REFUSED || s->nodes.count == 1)
             return rc;
-        log_warn(LOG_NO_CONTEXT, "cannot use RabbitMQ %s: %s%s", node_name(s, node, sizeof node),
-                 err, broker_nodes_round_over(&s->nodes) ? "" : "; trying the next node");
+        if (!broker_nodes_round_over(&s->nodes))
+            log_warn(LOG_NO_CONTEXT, "cannot use RabbitMQ %s: %s; trying the next node",
+                     node_name(s, node, sizeof node), err);
     }
+    /* The others were logged above; the last one's reason goes with the error. */
     char last[1024];
     snprintf(last, sizeof last, "%s", err);
-    snprintf(err, err_len, "none of the %zu RabbitMQ nodes answered (the last one: %s)",
-             s->nodes.count, last);
+    snprintf(err, err_len, "none of the %zu RabbitMQ nodes answered; the last, %s: %s",
+             s->nodes.count, node_name(s, node, sizeof node), last);
     return rc;
 }
 
