@@ -440,7 +440,7 @@ static int connect_first(broker_session *s, char *err, size_t err_len)
     /* The others were logged above; the last one's reason goes with the error. */
     char last[1024];
     snprintf(last, sizeof last, "%s", err);
-    snprintf(err, err_len, "none of the %zu RabbitMQ nodes answered; the last, %s: %s",
+    snprintf(err, err_len, "none of the %zu RabbitMQ nodes could be used; the last, %s: %s",
              s->nodes.count, node_name(s, node, sizeof node), last);
     return rc;
 }
