@@ -14,6 +14,11 @@
 #   IDEMQ_DEBIAN_MIRROR       mirror for its Debian 13 root         (default: apt's, else
 #                                                                    http://deb.debian.org/debian)
 #   IDEMQ_SKIP_BROKER4=1      scripts/services start|restart|status and scripts/test leave it out
+#   IDEMQ_CLUSTER_PORT_BASE   AMQP listener of cluster node 1; nodes 2 and 3 take the next two
+#                             (default 5681: 5681..5683; only `services start-cluster` starts it)
+#   IDEMQ_CLUSTER_DIST_BASE   Erlang distribution port of node 1, then +1, +2 (default port
+#                             base + 20000)
+#   IDEMQ_CLUSTER_NODE_PREFIX cluster node names PREFIX1@localhost..PREFIX3@localhost (default c)
 #   IDEMQ_START_TIMEOUT       seconds to wait for a server to be ready (default 120)
 #   IDEMQ_STATE_DIR           state folder                          (default $ROOT/.state)
 # A second, independent set of services on one machine needs distinct ports and node name.
@@ -37,6 +42,9 @@ IDEMQ_AMQP4_PORT=${IDEMQ_AMQP4_PORT:-5674}
 IDEMQ_RABBITMQ4_DIST_PORT=${IDEMQ_RABBITMQ4_DIST_PORT:-$((IDEMQ_AMQP4_PORT + 20000))}
 IDEMQ_RABBITMQ4_EPMD_PORT=${IDEMQ_RABBITMQ4_EPMD_PORT:-4370}
 IDEMQ_RABBITMQ4_NODE=${IDEMQ_RABBITMQ4_NODE:-rabbit4@localhost}
+IDEMQ_CLUSTER_PORT_BASE=${IDEMQ_CLUSTER_PORT_BASE:-5681}
+IDEMQ_CLUSTER_DIST_BASE=${IDEMQ_CLUSTER_DIST_BASE:-$((IDEMQ_CLUSTER_PORT_BASE + 20000))}
+IDEMQ_CLUSTER_NODE_PREFIX=${IDEMQ_CLUSTER_NODE_PREFIX:-c}
 IDEMQ_START_TIMEOUT=${IDEMQ_START_TIMEOUT:-120}
 # epmd (Erlang's port mapper, 4369) is started by the first Erlang node: keep it on loopback.
 export ERL_EPMD_ADDRESS=127.0.0.1
@@ -164,6 +172,7 @@ resolve_server_dir() {
   fi
   SERVER_DIR=$dir
   RABBIT_DIR=$SERVER_DIR/rabbitmq
+  CLUSTER_DIR=$SERVER_DIR/rabbitmq-cluster # the 3-node cluster of `services start-cluster`
   MARIA_DIR=$SERVER_DIR/mariadb
   MARIA_SOCKET=$MARIA_DIR/sock
   MARIA_CNF=$MARIA_DIR/my.cnf

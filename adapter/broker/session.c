@@ -1,8 +1,9 @@
 /*
  * session — see session.h. Frames become messages in assembly.c and publisher confirms are
  * tracked in confirms.c; this file owns the connection's lifecycle: connect and declare, the
- * drain after every event, consume/cancel, acks, publishes, and reconnecting with backoff.
- * Thread affinity: loop thread only.
+ * drain after every event, consume/cancel, acks, publishes, and reconnecting with backoff. Which
+ * node to try next is nodes.c's: a reconnect tries the nodes of a round back to back and backs
+ * off between rounds. Thread affinity: loop thread only.
  */
 #include "broker/session.h"
 
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "broker/assembly.h"
+#include "broker/nodes.h"
 #include "broker/topology.h"
 #include "ops/log.h"
 #include "policy/backoff.h"
@@ -38,14 +40,16 @@ struct broker_session {
     uint64_t subscription;       /* bumped by every basic.consume round: see consumer_tag */
     bool in_drain;               /* drain() is on the stack: a nested call returns at once */
     bool freeing;                /* broker_session_free ran: never reconnect; handles closing */
-    unsigned reconnect_attempt;  /* reconnects failed in a row */
-    rng random;                  /* reconnect jitter */
+    unsigned reconnect_attempt;  /* reconnects failed in a row, over every node */
+    unsigned failed_rounds;      /* rounds over every node failed in a row: the backoff's count */
+    rng random;                  /* reconnect jitter, the order of the nodes */
+    broker_nodes nodes;          /* which node to try next */
     broker_assembly assembly;    /* the delivery or return being received */
     broker_confirms confirms;    /* publishes the broker has not confirmed yet */
 };
 
 static void drain(broker_session *s);
-static void schedule_reconnect(broker_session *s);
+static void schedule_round(broker_session *s);
 
 static void on_poll_closed(uv_handle_t *handle)
 {
@@ -81,7 +85,8 @@ static void connection_lost(broker_session *s, const char *reason)
     drop_connection(s, false);
     if (s->cb->on_down)
         s->cb->on_down(s->cb->ctx, reason);
-    schedule_reconnect(s);
+    s->failed_rounds = 0;
+    schedule_round(s);
 }
 
 /* A returned copy fails its own publish's confirm, found by the sequence header it carries. */
@@ -277,12 +282,12 @@ static int apply_consuming(broker_session *s, char *err, size_t err_len)
     return 0;
 }
 
-/* Connects, declares, starts consuming. Returns 0, BROKER_E_REFUSED for configuration conflicts,
- * BROKER_E_FAILED otherwise; err says why. */
-static int connect_and_setup(broker_session *s, char *err, size_t err_len)
+/* Connects to url (borrowed), declares, starts consuming. Returns 0, BROKER_E_REFUSED for
+ * configuration conflicts, BROKER_E_FAILED otherwise; err says why. */
+static int connect_and_setup(broker_session *s, const char *url, char *err, size_t err_len)
 {
     broker_open_options opts = {
-        .url = s->cfg->amqp_url,
+        .url = url,
         .heartbeat_ms = s->cfg->heartbeat_ms,
         .prefetch = s->cfg->prefetch,
         .confirms = 1,
@@ -331,32 +336,60 @@ static int connect_and_setup(broker_session *s, char *err, size_t err_len)
     return s->conn ? 0 : BROKER_E_FAILED;
 }
 
+/* "node amqp://user:***@host:port/vhost (2 of 3)" for the node handed out last. */
+static const char *node_name(const broker_session *s, char *buf, size_t len)
+{
+    char shown[512];
+    config_redact_url(s->cfg->amqp_urls[broker_nodes_last(&s->nodes)], shown, sizeof shown);
+    if (s->nodes.count > 1)
+        snprintf(buf, len, "node %s (%zu of %zu)", shown, broker_nodes_last(&s->nodes) + 1,
+                 s->nodes.count);
+    else
+        snprintf(buf, len, "node %s", shown);
+    return buf;
+}
+
 static void on_reconnect_timer(uv_timer_t *timer)
 {
     broker_session *s = timer->data;
-    char err[1024];
+    char err[1024], node[600];
     if (s->freeing || s->conn)
         return;
-    if (connect_and_setup(s, err, sizeof err) != 0) {
-        log_warn(LOG_NO_CONTEXT, "reconnect to RabbitMQ failed (attempt %u): %s",
-                 s->reconnect_attempt + 1, err);
-        s->reconnect_attempt++;
-        schedule_reconnect(s);
+    const char *url = broker_nodes_next(&s->nodes);
+    if (!url) { /* not reached: a round is begun before its timer starts */
+        schedule_round(s);
         return;
     }
-    log_info(LOG_NO_CONTEXT, "reconnected to RabbitMQ after %u attempt(s)",
-             s->reconnect_attempt + 1);
+    s->reconnect_attempt++;
+    if (connect_and_setup(s, url, err, sizeof err) != 0) {
+        log_warn(LOG_NO_CONTEXT, "reconnect to RabbitMQ %s failed (attempt %u): %s",
+                 node_name(s, node, sizeof node), s->reconnect_attempt, err);
+        if (broker_nodes_round_over(&s->nodes)) {
+            s->failed_rounds++;
+            schedule_round(s);
+        } else {
+            /* The next node at once: a node that is down costs no backoff while another is up
+             * (the timer still lets the loop serve what is pending in between). */
+            uv_timer_start(&s->reconnect_timer, on_reconnect_timer, 0, 0);
+        }
+        return;
+    }
+    log_info(LOG_NO_CONTEXT, "reconnected to RabbitMQ %s after %u attempt(s)",
+             node_name(s, node, sizeof node), s->reconnect_attempt);
     s->reconnect_attempt = 0;
+    s->failed_rounds = 0;
     if (s->cb->on_up)
         s->cb->on_up(s->cb->ctx);
 }
 
-static void schedule_reconnect(broker_session *s)
+/* Begins a round over every node, after the backoff for the rounds that failed in a row (the
+ * first round after a loss waits the shortest delay). */
+static void schedule_round(broker_session *s)
 {
     if (s->freeing)
         return;
-    uint64_t delay =
-        backoff_delay_ms(&reconnect_backoff, s->reconnect_attempt, rng_next(&s->random));
+    broker_nodes_new_round(&s->nodes);
+    uint64_t delay = backoff_delay_ms(&reconnect_backoff, s->failed_rounds, rng_next(&s->random));
     uv_timer_start(&s->reconnect_timer, on_reconnect_timer, delay, 0);
 }
 
@@ -372,6 +405,7 @@ broker_session *broker_session_new(uv_loop_t *loop, const config *cfg,
     s->want_consuming = true;
     s->generation = 1;
     rng_init(&s->random, (uint64_t)(uintptr_t)s);
+    broker_nodes_init(&s->nodes, cfg->amqp_urls, cfg->amqp_url_count, &s->random);
     broker_assembly_init(&s->assembly);
     broker_confirms_init(&s->confirms);
     uv_timer_init(loop, &s->tick_timer);
@@ -382,9 +416,38 @@ broker_session *broker_session_new(uv_loop_t *loop, const config *cfg,
     return s;
 }
 
+/* The first connection: the nodes in their shuffled order until one answers. A refusal (the
+ * topology conflicts with the broker's) is the cluster's, not one node's: no other node is tried
+ * then. */
+static int connect_first(broker_session *s, char *err, size_t err_len)
+{
+    char node[600];
+    const char *url;
+    int rc = BROKER_E_FAILED;
+    broker_nodes_new_round(&s->nodes);
+    while ((url = broker_nodes_next(&s->nodes)) != NULL) {
+        rc = connect_and_setup(s, url, err, err_len);
+        if (rc == 0) {
+            log_info(LOG_NO_CONTEXT, "connected to RabbitMQ %s", node_name(s, node, sizeof node));
+            return 0;
+        }
+        if (rc == BROKER_E_REFUSED || s->nodes.count == 1)
+            return rc;
+        if (!broker_nodes_round_over(&s->nodes))
+            log_warn(LOG_NO_CONTEXT, "cannot use RabbitMQ %s: %s; trying the next node",
+                     node_name(s, node, sizeof node), err);
+    }
+    /* The others were logged above; the last one's reason goes with the error. */
+    char last[1024];
+    snprintf(last, sizeof last, "%s", err);
+    snprintf(err, err_len, "none of the %zu RabbitMQ nodes could be used; the last, %s: %s",
+             s->nodes.count, node_name(s, node, sizeof node), last);
+    return rc;
+}
+
 int broker_session_start(broker_session *s, char *err, size_t err_len)
 {
-    int rc = connect_and_setup(s, err, err_len);
+    int rc = connect_first(s, err, err_len);
     if (rc != 0)
         return rc;
     uint64_t tick = s->cfg->heartbeat_ms ? s->cfg->heartbeat_ms / 4 : 5000;

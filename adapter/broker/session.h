@@ -11,7 +11,9 @@
  * A lost connection fails pending confirms, bumps the generation (so acks of old delivery tags
  * are dropped: the broker redelivers those and the dedup row settles them) and reconnects with
  * backoff and jitter (policy/backoff.h, a generator of the session's own), redeclaring the
- * topology.
+ * topology. With several broker nodes (amqp.urls) the session connects to the first that answers
+ * in an order shuffled per process and fails over to the next on loss, backing off only after a
+ * round over every node failed (nodes.h); each connect logs the node (its URL redacted).
  *
  * Errors: 0 or a negative BROKER_E_* code (connection.h), with the detail in the caller's err
  * buffer when the function takes one.
@@ -46,7 +48,8 @@ broker_session *broker_session_new(uv_loop_t *loop, const config *cfg,
                                    const broker_session_callbacks *callbacks);
 
 /*
- * First connection: connects, declares every consumer's topology and starts consuming.
+ * First connection: connects to the first node that answers (every node once, in the session's
+ * shuffled order), declares every consumer's topology and starts consuming.
  * Returns 0; BROKER_E_REFUSED when the topology conflicts with existing objects or a passive
  * queue is missing (a configuration problem); BROKER_E_FAILED for other failures. err explains.
  */

@@ -103,6 +103,16 @@ static int explain_failure(amqp_connection_state_t conn, const char *kind, const
     snprintf(text, sizeof text, "%.*s", (int)close->reply_text.len,
              (const char *)close->reply_text.bytes);
     broker_reopen_channel(conn);
+    if (code == AMQP_NOT_FOUND && strstr(text, "is down or inaccessible")) {
+        /* In a cluster: a classic queue lives on one node, and that node is gone. Transient
+         * (another node, or this one later, may do), not a configuration problem. */
+        snprintf(err, err_len,
+                 "%s '%s' is out of reach: it lives on one cluster node, and that node is down. "
+                 "A quorum queue survives the loss of a node: declare it with x-queue-type "
+                 "quorum (and declare: passive). Broker said: %s",
+                 kind, name, text);
+        return TOPOLOGY_E_BROKER;
+    }
     if (code == AMQP_NOT_FOUND) {
         snprintf(err, err_len,
                  "%s '%s' does not exist (declare: passive only checks it). Create it, or set "

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "broker/connection.h"
+#include "broker/nodes.h"
 #include "broker/topology.h"
 #include "db/connect.h"
 #include "db/prepare.h"
@@ -128,19 +129,37 @@ static int check_database(const config *cfg)
     return rc;
 }
 
+/* Every node in turn: one that does not answer fails the check only when no node answers (idemq
+ * runs on any one of them), and is a WARN line otherwise; a refusal (credentials, vhost) always
+ * fails it. */
 static int check_broker(const config *cfg)
 {
-    char err[1024], redacted[512];
-    config_redact_url(cfg->amqp_url, redacted, sizeof redacted);
-    amqp_connection_state_t conn;
-    broker_open_options opts = {.url = cfg->amqp_url, .heartbeat_ms = 0};
-    if (broker_open(&opts, &conn, err, sizeof err) != 0) {
-        fprintf(stderr, "amqp    FAIL %s: %s\n", redacted, err);
-        return 1;
+    char err[CONFIG_MAX_AMQP_URLS][1024], redacted[512];
+    int rc[CONFIG_MAX_AMQP_URLS];
+    size_t answered = 0;
+    bool refused = false;
+    for (size_t i = 0; i < cfg->amqp_url_count; i++) {
+        amqp_connection_state_t conn;
+        broker_open_options opts = {.url = cfg->amqp_urls[i], .heartbeat_ms = 0};
+        rc[i] = broker_open(&opts, &conn, err[i], sizeof err[i]);
+        if (rc[i] == 0) {
+            answered++;
+            broker_close(conn);
+        } else if (rc[i] == BROKER_E_REFUSED) {
+            refused = true;
+        }
     }
-    printf("amqp    ok   %s\n", redacted);
-    broker_close(conn);
-    return 0;
+    for (size_t i = 0; i < cfg->amqp_url_count; i++) {
+        config_redact_url(cfg->amqp_urls[i], redacted, sizeof redacted);
+        if (rc[i] == 0)
+            printf("amqp    ok   %s\n", redacted);
+        else if (rc[i] == BROKER_E_REFUSED || answered == 0)
+            fprintf(stderr, "amqp    FAIL %s: %s\n", redacted, err[i]);
+        else
+            fprintf(stderr, "amqp    WARN %s: %s (%zu of %zu nodes answered)\n", redacted, err[i],
+                    answered, cfg->amqp_url_count);
+    }
+    return answered == 0 || refused ? 1 : 0;
 }
 
 int cli_check(const config *cfg)
@@ -187,11 +206,14 @@ int cli_topology(const config *cfg, bool dry_run)
         return 0;
     char err[2048];
     amqp_connection_state_t conn;
-    broker_open_options opts = {.url = cfg->amqp_url};
-    if (broker_open(&opts, &conn, err, sizeof err) != 0) {
+    broker_open_options opts = {0};
+    if (broker_open_first(cfg->amqp_urls, cfg->amqp_url_count, &opts, &conn, NULL, err,
+                          sizeof err) != 0) {
         fprintf(stderr, "idemq topology: %s\n", err);
         return 1;
     }
+    if (err[0])
+        fprintf(stderr, "idemq topology: warning: %s\n", err);
     int exit_code = 0;
     for (size_t i = 0; i < cfg->consumer_count && exit_code == 0; i++) {
         int rc = topology_declare(conn, &cfg->consumers[i], err, sizeof err);

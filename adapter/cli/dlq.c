@@ -35,6 +35,7 @@
 
 #include "broker/connection.h"
 #include "broker/message.h"
+#include "broker/nodes.h"
 #include "broker/topology.h"
 #include "envelope/envelope.h"
 #include "util/wallclock.h"
@@ -554,11 +555,14 @@ int cli_dlq(const config *cfg, const dlq_options *opts)
     char err[1024];
     pass p = {.cfg = cfg, .c = c, .opts = opts};
     topology_dead_letter_queue(c, p.dlq, sizeof p.dlq);
-    broker_open_options open_opts = {.url = cfg->amqp_url, .confirms = opts->action != DLQ_PURGE};
-    if (broker_open(&open_opts, &p.conn, err, sizeof err) != 0) {
+    broker_open_options open_opts = {.confirms = opts->action != DLQ_PURGE};
+    if (broker_open_first(cfg->amqp_urls, cfg->amqp_url_count, &open_opts, &p.conn, NULL, err,
+                          sizeof err) != 0) {
         fprintf(stderr, "idemq dlq: %s\n", err);
         return 1;
     }
+    if (err[0])
+        fprintf(stderr, "idemq dlq: warning: %s\n", err);
     if (opts->action == DLQ_PURGE) {
         int rc = purge(p.conn, p.dlq, opts);
         broker_close(p.conn);

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <yaml.h>
 
+#include "config/amqp_urls.h"
 #include "config/document.h"
 #include "config/options.h"
 #include "config/problems.h"
@@ -243,6 +244,7 @@ int config_load(const char *path, FILE *errors, config **out)
     }
     config_apply_defaults(&ctx, config_top_table, cfg);
     config_walk_table(&ctx, config_top_table, root, cfg, "", config_node_line(root));
+    config_finish_amqp_urls(&ctx, root, cfg);
 out:
     rc = ctx.total > (size_t)INT32_MAX ? -INT32_MAX : -(int)ctx.total;
     config_flush_problems(&ctx, errors);
@@ -308,7 +310,8 @@ void config_free(config *cfg)
     }
     free(cfg->consumers);
     free(cfg->path);
-    free(cfg->amqp_url);
+    for (size_t i = 0; i < CONFIG_MAX_AMQP_URLS; i++)
+        free(cfg->amqp_urls[i]);
     free(cfg->mysql_url);
     free(cfg->http_listen);
     free(cfg);

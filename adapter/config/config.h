@@ -5,7 +5,8 @@
  * walks it against declarative per-section tables (name, type, range, default, help) and reports
  * every problem it finds — unknown keys, wrong types, out-of-range values, missing required keys —
  * each with file:line, before the daemon touches the network. Environment variables
- * IDEMQ_AMQP_URL and IDEMQ_MYSQL_URL override the URLs. Thread affinity: load on the main thread;
+ * IDEMQ_AMQP_URL (one URL or a comma-separated list of nodes) and IDEMQ_MYSQL_URL override the
+ * URLs. Thread affinity: load on the main thread;
  * the resulting config is read-only afterwards and may be shared by every thread.
  *
  * This header is the config struct and config_load / config_free; it includes the three other
@@ -20,6 +21,7 @@
  *   sql_template.c          the `:field` placeholder parser of sql statements (pure)
  *   yaml_json.c             a plugin's `config:` YAML as JSON text
  *   url.c, units.c          URL checks and redaction; durations and sizes
+ *   amqp_urls.c             amqp.url or amqp.urls (the broker nodes), and IDEMQ_AMQP_URL
  *   reference.c             the Markdown reference generated from the tables
  * config/ includes policy/ (retry_policy) and nothing else of idemq: handlers/, store/ and ops/
  * read the config, never the reverse.
@@ -153,10 +155,16 @@ typedef struct config_dedup {
     unsigned batch;         /* rows per DELETE (one commit each), 1..100000, default 1000 */
 } config_dedup;
 
+/* Broker nodes of one cluster in amqp.urls. */
+#define CONFIG_MAX_AMQP_URLS 16
+
 typedef struct config {
     char *path;             /* the file it came from, for messages */
-    /* amqp */
-    char *amqp_url;         /* may hold a password: never log it, use config_redact_url */
+    /* amqp: the broker nodes, from amqp.url (one), amqp.urls (a list) or IDEMQ_AMQP_URL, in the
+     * order given; amqp_urls[0..amqp_url_count) are set, the rest NULL. They may hold
+     * passwords: never log one, use config_redact_url. */
+    char *amqp_urls[CONFIG_MAX_AMQP_URLS];
+    size_t amqp_url_count;  /* 1..CONFIG_MAX_AMQP_URLS */
     unsigned prefetch;      /* 1..65535, default 64 */
     uint64_t heartbeat_ms;  /* 0 disables; default 30000 */
     size_t max_body;        /* bytes, default 1 MiB */

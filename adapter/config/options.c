@@ -5,17 +5,12 @@
 
 #include <stddef.h>
 
+#include "config/amqp_urls.h"
 #include "config/config.h"
 #include "config/consumers.h"
 #include "config/url.h"
 
 _Static_assert(sizeof(config_log_level) == sizeof(int), "enums are stored as int");
-
-static int check_amqp_url(const char *text, char *why, size_t why_len)
-{
-    static const char *const schemes[] = {"amqp", "amqps", NULL};
-    return config_check_url(text, schemes, "amqp:// or amqps://", false, why, why_len);
-}
 
 static int check_mysql_url(const char *text, char *why, size_t why_len)
 {
@@ -28,9 +23,15 @@ static int check_mysql_url(const char *text, char *why, size_t why_len)
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 
 static const opt amqp_table[] = {
-    {.name = "url", .type = OPT_STRING, .flags = OPT_REQUIRED,
-     .offset = offsetof(config, amqp_url), .env = "IDEMQ_AMQP_URL", .check = check_amqp_url,
-     .help = "broker URL, amqp[s]://user:password@host:port/vhost"},
+    /* url is the first slot of amqp_urls; both keys, and the environment, are settled by
+     * config_finish_amqp_urls (amqp_urls.h), which also reports a missing URL. */
+    {.name = "url", .type = OPT_STRING, .offset = offsetof(config, amqp_urls),
+     .check = config_check_amqp_url,
+     .help = "broker URL, amqp[s]://user:password@host:port/vhost; this or urls is required; "
+             "env IDEMQ_AMQP_URL (one URL or a comma-separated list) overrides url and urls"},
+    {.name = "urls", .type = OPT_CUSTOM, .parse = config_parse_amqp_urls,
+     .help = "instead of url: a list of 1 to 16 nodes of one cluster, tried in an order shuffled "
+             "per process; on connection loss idemq fails over to the next"},
     {.name = "prefetch", .type = OPT_UINT, .offset = offsetof(config, prefetch), .min = 1,
      .max = 65535, .def = "64", .help = "deliveries in flight before an ack (basic.qos)"},
     {.name = "heartbeat", .type = OPT_DURATION, .flags = OPT_WHOLE_SECONDS,

@@ -225,7 +225,7 @@ Test(config, contract_example_loads_with_every_value)
 
     const config *c = r.cfg;
     cr_assert_str_eq(c->path, r.path);
-    cr_assert_str_eq(c->amqp_url, "amqp://guest:guest@127.0.0.1:5672/%2f");
+    cr_assert_str_eq(c->amqp_urls[0], "amqp://guest:guest@127.0.0.1:5672/%2f");
     cr_assert_eq(c->prefetch, 64);
     cr_assert_eq(c->heartbeat_ms, 30000);
     cr_assert_eq(c->max_body, 1024 * 1024);
@@ -269,7 +269,7 @@ Test(config, shipped_example_file_loads)
     result r = load_path(IDEMQ_SOURCE_DIR "/examples/idemq.yaml");
     cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
     cr_assert_str_eq(r.cfg->mysql_url, "mysql://idemq:idemq@127.0.0.1:3306/idemq");
-    cr_assert_str_eq(r.cfg->amqp_url, "amqp://guest:guest@127.0.0.1:5672/%2f");
+    cr_assert_str_eq(r.cfg->amqp_urls[0], "amqp://guest:guest@127.0.0.1:5672/%2f");
     cr_assert_eq(r.cfg->consumers[0].handler.state_machine.transition_count, 3);
     result_free(&r);
 }
@@ -382,7 +382,7 @@ Test(config, environment_overrides_both_urls)
     setenv("IDEMQ_MYSQL_URL", "mysql://env:envpw@db:3306/idemq", 1);
     result r = load_text(contract_example);
     cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
-    cr_assert_str_eq(r.cfg->amqp_url, "amqp://env:envpw@rabbit:5672/%2f");
+    cr_assert_str_eq(r.cfg->amqp_urls[0], "amqp://env:envpw@rabbit:5672/%2f");
     cr_assert_str_eq(r.cfg->mysql_url, "mysql://env:envpw@db:3306/idemq");
     result_free(&r);
 }
@@ -398,7 +398,7 @@ Test(config, environment_makes_urls_optional)
                   "    handler: {table: t, key_column: id, key_field: id, "
                   "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n");
     cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
-    cr_assert_str_eq(r.cfg->amqp_url, "amqp://rabbit");
+    cr_assert_str_eq(r.cfg->amqp_urls[0], "amqp://rabbit");
     cr_assert_str_eq(r.cfg->mysql_url, "mysql://db/idemq");
     result_free(&r);
 }
@@ -502,7 +502,7 @@ Test(config, unknown_keys_suggest_or_list)
     r = load_slots("completely_different: 1", NULL, NULL, NULL, NULL);
     cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
     assert_error(r, LINE_A,
-                 "unknown key 'amqp.completely_different' (known keys in amqp: url, "
+                 "unknown key 'amqp.completely_different' (known keys in amqp: url, urls, "
                  "prefetch, heartbeat, max_body)");
     result_free(&r);
 }
@@ -1536,4 +1536,155 @@ Test(config, log_levels_line_up_with_the_logger)
     cr_assert_eq((int)CONFIG_LOG_INFO, (int)LOG_LEVEL_INFO);
     cr_assert_eq((int)CONFIG_LOG_WARN, (int)LOG_LEVEL_WARN);
     cr_assert_eq((int)CONFIG_LOG_ERROR, (int)LOG_LEVEL_ERROR);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Several broker nodes: amqp.urls, amqp.url, IDEMQ_AMQP_URL (issue 9)                        */
+
+#define NODES_REST                                                                                 \
+    "mysql: {url: 'mysql://h/db'}\n"                                                               \
+    "consumers:\n"                                                                                 \
+    "  - queue: q\n"                                                                               \
+    "    handler_name: h\n"                                                                        \
+    "    handler: {table: t, key_column: id, key_field: id, "                                      \
+    "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n"
+
+Test(config, amqp_urls_lists_every_node_in_order)
+{
+    result r = load_text("amqp:\n"
+                         "  urls:\n"
+                         "    - \"amqp://u:p@rmq-1:5672/vh\"\n"
+                         "    - \"amqps://u:p@rmq-2:5671/vh\"\n"
+                         "    - \"amqp://u:p@[::1]:5673/vh\"\n"
+                         "  prefetch: 8\n" NODES_REST);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->amqp_url_count, 3);
+    cr_assert_str_eq(r.cfg->amqp_urls[0], "amqp://u:p@rmq-1:5672/vh");
+    cr_assert_str_eq(r.cfg->amqp_urls[1], "amqps://u:p@rmq-2:5671/vh");
+    cr_assert_str_eq(r.cfg->amqp_urls[2], "amqp://u:p@[::1]:5673/vh");
+    cr_assert_null(r.cfg->amqp_urls[3]);
+    cr_assert_eq(r.cfg->prefetch, 8);
+    result_free(&r);
+}
+
+Test(config, amqp_url_alone_is_a_list_of_one)
+{
+    result r = load_text("amqp: {url: 'amqp://u:p@rmq-1/vh'}\n" NODES_REST);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->amqp_url_count, 1);
+    cr_assert_str_eq(r.cfg->amqp_urls[0], "amqp://u:p@rmq-1/vh");
+    result_free(&r);
+}
+
+Test(config, amqp_url_and_urls_together_are_refused)
+{
+    result r = load_text("amqp:\n"                          /* 1 */
+                         "  url: 'amqp://rmq-1'\n"          /* 2 */
+                         "  urls: ['amqp://rmq-2']\n"       /* 3 */
+                         NODES_REST);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 3, "amqp.urls: give either amqp.url (line 2) or amqp.urls, not both");
+    result_free(&r);
+}
+
+Test(config, missing_amqp_url_names_both_keys_and_the_environment)
+{
+    result r = load_text("amqp: {prefetch: 8}\n" NODES_REST);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 1, "missing required key 'amqp.url'");
+    assert_error(r, 1, "amqp.urls");
+    assert_error(r, 1, "IDEMQ_AMQP_URL");
+    result_free(&r);
+}
+
+/* Every bad entry is reported at its own line, with its password redacted. */
+Test(config, amqp_urls_reports_each_bad_entry_at_its_line)
+{
+    result r = load_text("amqp:\n"                                   /* 1 */
+                         "  urls:\n"                                 /* 2 */
+                         "    - 'amqp://u:hunter2@rmq-1:5672/vh'\n"  /* 3 */
+                         "    - 'http://u:hunter2@rmq-2/vh'\n"       /* 4 */
+                         "    - 'amqp://u:hunter2@rmq-3:99999/vh'\n" /* 5 */
+                         "    - [nested]\n"                          /* 6 */
+                         "    - 'amqp://u:hunter2@rmq-1:5672/vh'\n"  /* 7 */
+                         NODES_REST);
+    cr_assert_eq(r.rc, -4, "errors:\n%s", r.errs);
+    assert_error(r, 4, "amqp.urls[1]: 'http://u:***@rmq-2/vh' must start with amqp:// or amqps://");
+    assert_error(r, 5, "amqp.urls[2]: 'amqp://u:***@rmq-3:99999/vh' has an invalid port");
+    assert_error(r, 6, "amqp.urls[3]: expected a broker URL, got a list");
+    assert_error(r, 7, "amqp.urls[4]: 'amqp://u:***@rmq-1:5672/vh' is already amqp.urls[0]");
+    cr_assert_null(strstr(r.errs, "hunter2"), "password leaked:\n%s", r.errs);
+    result_free(&r);
+}
+
+Test(config, amqp_urls_must_be_a_non_empty_bounded_list)
+{
+    result r = load_text("amqp: {urls: 'amqp://rmq-1'}\n" NODES_REST);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 1, "amqp.urls: expected a list of broker URLs, got a quoted string (for one "
+                       "node, use amqp.url)");
+    result_free(&r);
+
+    r = load_text("amqp: {urls: []}\n" NODES_REST);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 1, "amqp.urls: the list is empty; give at least one broker URL");
+    result_free(&r);
+
+    char text[2048];
+    int n = snprintf(text, sizeof text, "amqp:\n  urls:\n");
+    for (int i = 0; i < CONFIG_MAX_AMQP_URLS + 1; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "    - 'amqp://rmq-%d'\n", i);
+    snprintf(text + n, sizeof text - (size_t)n, "%s", NODES_REST);
+    r = load_text(text);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 3, "amqp.urls: 17 URLs; at most 16 are supported");
+    result_free(&r);
+}
+
+/* The variable holds one URL or a comma-separated list (blanks around the commas are dropped),
+ * and replaces whichever key the file gave. */
+Test(config, environment_list_overrides_url_and_urls)
+{
+    setenv("IDEMQ_AMQP_URL", "amqp://u:p@env-1:5672/vh, amqp://u:p%2Cq@env-2:5672/vh ,amqps://env-3",
+           1);
+    result r = load_text("amqp: {urls: ['amqp://rmq-1', 'amqp://rmq-2']}\n" NODES_REST);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->amqp_url_count, 3);
+    cr_assert_str_eq(r.cfg->amqp_urls[0], "amqp://u:p@env-1:5672/vh");
+    cr_assert_str_eq(r.cfg->amqp_urls[1], "amqp://u:p%2Cq@env-2:5672/vh");
+    cr_assert_str_eq(r.cfg->amqp_urls[2], "amqps://env-3");
+    cr_assert_null(r.cfg->amqp_urls[3]);
+    result_free(&r);
+
+    setenv("IDEMQ_AMQP_URL", "amqp://env-1", 1);
+    r = load_text("amqp: {urls: ['amqp://rmq-1', 'amqp://rmq-2']}\n" NODES_REST);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->amqp_url_count, 1);
+    cr_assert_str_eq(r.cfg->amqp_urls[0], "amqp://env-1");
+    cr_assert_null(r.cfg->amqp_urls[1]);
+    result_free(&r);
+}
+
+Test(config, environment_list_reports_each_bad_entry_without_passwords)
+{
+    setenv("IDEMQ_AMQP_URL",
+           "amqp://u:hunter2@env-1,,http://u:hunter2@env-3,amqp://u:hunter2@env-4:0,"
+           "amqp://u:hunter2@env-1",
+           1);
+    result r = load_text("amqp: {url: 'amqp://rmq-1'}\n" NODES_REST);
+    cr_assert_eq(r.rc, -3, "errors:\n%s", r.errs);
+    assert_error(r, 0, "IDEMQ_AMQP_URL (overrides amqp.url and amqp.urls): URL 2 of 5 is empty");
+    assert_error(r, 0, "IDEMQ_AMQP_URL (overrides amqp.url and amqp.urls): URL 3 of 5: "
+                       "'http://u:***@env-3' must start with amqp:// or amqps://");
+    assert_error(r, 0, "URL 4 of 5: 'amqp://u:***@env-4:0' has an invalid port");
+    cr_assert_null(strstr(r.errs, "hunter2"), "password leaked:\n%s", r.errs);
+    result_free(&r);
+
+    /* Valid entries, but one node twice. */
+    setenv("IDEMQ_AMQP_URL", "amqp://u:hunter2@env-1,amqp://u:hunter2@env-1", 1);
+    r = load_text("amqp: {url: 'amqp://rmq-1'}\n" NODES_REST);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 0, "URL 2 repeats URL 1 ('amqp://u:***@env-1')");
+    cr_assert_null(strstr(r.errs, "hunter2"), "password leaked:\n%s", r.errs);
+    result_free(&r);
 }
