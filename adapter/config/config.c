@@ -243,6 +243,7 @@ int config_load(const char *path, FILE *errors, config **out)
     }
     config_apply_defaults(&ctx, config_top_table, cfg);
     config_walk_table(&ctx, config_top_table, root, cfg, "", config_node_line(root));
+    config_validate_amqp_tls(&ctx, cfg, root);
 out:
     rc = ctx.total > (size_t)INT32_MAX ? -INT32_MAX : -(int)ctx.total;
     config_flush_problems(&ctx, errors);
@@ -309,6 +310,10 @@ void config_free(config *cfg)
     free(cfg->consumers);
     free(cfg->path);
     free(cfg->amqp_url);
+    free(cfg->amqp_tls.ca_file);
+    free(cfg->amqp_tls.cert_file);
+    free(cfg->amqp_tls.key_file);
+    free(cfg->amqp_tls.server_name);
     free(cfg->mysql_url);
     free(cfg->http_listen);
     free(cfg);
