@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "broker/connection.h"
+#include "broker/tls.h"
 #include "broker/topology.h"
 #include "db/connect.h"
 #include "db/prepare.h"
@@ -133,12 +134,23 @@ static int check_broker(const config *cfg)
     char err[1024], redacted[512];
     config_redact_url(cfg->amqp_url, redacted, sizeof redacted);
     amqp_connection_state_t conn;
-    broker_open_options opts = {.url = cfg->amqp_url, .heartbeat_ms = 0};
+    char tls_info[1024];
+    broker_open_options opts = {.url = cfg->amqp_url,
+                                .heartbeat_ms = 0,
+                                .tls = &cfg->amqp_tls,
+                                .tls_info = tls_info,
+                                .tls_info_len = sizeof tls_info};
+    const char *tls_warning = broker_tls_warning(cfg->amqp_url, &cfg->amqp_tls);
+    if (tls_warning)
+        printf("amqp    WARN %s\n", tls_warning);
     if (broker_open(&opts, &conn, err, sizeof err) != 0) {
         fprintf(stderr, "amqp    FAIL %s: %s\n", redacted, err);
         return 1;
     }
     printf("amqp    ok   %s\n", redacted);
+    /* The handshake rabbitmq-c just made, as recorded by broker/tls.c's callbacks. */
+    if (tls_info[0])
+        printf("amqp    tls  %s\n", tls_info);
     broker_close(conn);
     return 0;
 }
@@ -187,7 +199,7 @@ int cli_topology(const config *cfg, bool dry_run)
         return 0;
     char err[2048];
     amqp_connection_state_t conn;
-    broker_open_options opts = {.url = cfg->amqp_url};
+    broker_open_options opts = {.url = cfg->amqp_url, .tls = &cfg->amqp_tls};
     if (broker_open(&opts, &conn, err, sizeof err) != 0) {
         fprintf(stderr, "idemq topology: %s\n", err);
         return 1;
