@@ -3,6 +3,7 @@
  */
 #include "config/options.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -64,6 +65,7 @@ static int check_readable_file(const char *text, char *why, size_t why_len)
 static int check_server_name(const char *text, char *why, size_t why_len)
 {
     char shown[128];
+    unsigned char v6[16];
     size_t n = strlen(text);
     if (n == 0 || n > 253) {
         snprintf(why, why_len, "must be a host name of 1 to 253 bytes");
@@ -77,6 +79,12 @@ static int check_server_name(const char *text, char *why, size_t why_len)
                      config_show(shown, sizeof shown, text));
             return -1;
         }
+    }
+    if (strchr(text, ':') && inet_pton(AF_INET6, text, v6) != 1) {
+        snprintf(why, why_len,
+                 "'%s' is not a host name or IP address (no port: the URL gives the port)",
+                 config_show(shown, sizeof shown, text));
+        return -1;
     }
     return 0;
 }
