@@ -6,18 +6,27 @@
 #include <amqp_ssl_socket.h>
 #include <arpa/inet.h>
 #include <limits.h>
+#include <netdb.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
 
 #define NAME_MAX_LEN 256
+#define DIAGNOSE_TIMEOUT_S 3     /* connect, write and read of the diagnostic connection */
+#define DIAGNOSE_VERDICT_MS 1000 /* how long the broker gets to refuse a client certificate */
 
 /* What one connection's callbacks record; owned by its SSL_CTX (ex_data). */
 typedef struct tls_state {
@@ -397,19 +406,88 @@ static bool is_client_certificate_alert(int reason)
     }
 }
 
+/*
+ * rabbitmq-c failed after a completed handshake with no alert to show. With TLS 1.3 the broker
+ * checks the client certificate after the client's side of the handshake is done, and its alert
+ * is lost when rabbitmq-c's first write meets the reset of the connection the broker closed.
+ * So a second, diagnostic connection with the same SSL_CTX (same trust, certificate, SNI) asks
+ * again: after the handshake it gives the broker DIAGNOSE_VERDICT_MS to refuse, reading before
+ * it writes, then sends the AMQP protocol header and reads the answer (connection.start, or an
+ * alert). Leaves what went wrong in the thread's OpenSSL error queue; returns its packed error,
+ * 0 when the broker accepted this time or could not be reached.
+ */
+static unsigned long diagnose(SSL_CTX *ctx, const char *host, int port)
+{
+    static const char header[8] = {'A', 'M', 'Q', 'P', 0, 0, 9, 1};
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    char service[16], byte;
+    unsigned long e = 0;
+    sigset_t pipe_set, old_mask, pending;
+
+    snprintf(service, sizeof service, "%d", port);
+    if (getaddrinfo(host, service, &hints, &res) != 0)
+        return 0;
+    /* OpenSSL writes to this socket with write(2): a broker that has closed it would raise
+     * SIGPIPE, which `idemq check` does not ignore. Blocked here, and a pending one taken. */
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        struct timeval tv = {.tv_sec = DIAGNOSE_TIMEOUT_S};
+        if (fd < 0)
+            continue;
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+            close(fd);
+            continue;
+        }
+        SSL *ssl = SSL_new(ctx);
+        ERR_clear_error();
+        if (ssl && SSL_set_fd(ssl, fd) == 1 && SSL_connect(ssl) == 1) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            bool go_on = true;
+            if (poll(&p, 1, DIAGNOSE_VERDICT_MS) == 1) {
+                /* The verdict (an alert), a session ticket (SSL_ERROR_WANT_READ: rabbitmq-c
+                 * turned SSL_MODE_AUTO_RETRY off on this context), or the end. */
+                int n = SSL_read(ssl, &byte, 1);
+                go_on = n > 0 || SSL_get_error(ssl, n) == SSL_ERROR_WANT_READ;
+            }
+            if (go_on && !ERR_peek_last_error() && SSL_write(ssl, header, sizeof header) > 0)
+                (void)SSL_read(ssl, &byte, 1); /* connection.start, or the alert */
+        }
+        e = ERR_peek_last_error();
+        SSL_free(ssl);
+        close(fd);
+        break; /* the first address that connects gives the verdict */
+    }
+    freeaddrinfo(res);
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) &&
+        !sigismember(&old_mask, SIGPIPE)) {
+        struct timespec zero = {0};
+        sigtimedwait(&pipe_set, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    return e;
+}
+
 bool broker_tls_explain(amqp_socket_t *socket, const config_amqp_tls *tls, const char *host,
                         int port, char *err, size_t err_len)
 {
     char reason[256];
     if (!tls)
         tls = &default_tls;
-    const tls_state *st = state_of(amqp_ssl_socket_get_context(socket));
+    SSL_CTX *ctx = amqp_ssl_socket_get_context(socket);
+    const tls_state *st = state_of(ctx);
+    unsigned long e = ERR_peek_last_error();
+    if (!e && st && st->done && !st->failed)
+        e = diagnose(ctx, host, port);
     if (st && st->failed) {
         ERR_clear_error();
         explain_certificate(st, host, port, err, err_len);
         return true;
     }
-    unsigned long e = ERR_peek_last_error();
     if (!e)
         return false;
     take_ssl_error(reason, sizeof reason);

@@ -17,7 +17,11 @@
  *     server_name, and when it is done records the negotiated version and cipher: `idemq check`
  *     reads them from there, without a second handshake (rabbitmq-c does not expose its SSL *).
  * What the callbacks record is owned by the SSL_CTX (ex_data, freed with it), so it lives exactly
- * as long as the connection. Thread affinity: the thread that owns the connection.
+ * as long as the connection. One failure leaves nothing to read: under TLS 1.3 a broker refuses a
+ * client certificate after the client's handshake is done, and its alert can be lost to the reset
+ * that meets rabbitmq-c's first write; broker_tls_explain then makes one diagnostic connection of
+ * its own with the same SSL_CTX to hear the verdict. Thread affinity: the thread that owns the
+ * connection.
  *
  * Errors: broker_tls_socket_new returns NULL with the reason in err; the others cannot fail.
  */
@@ -38,11 +42,13 @@ amqp_socket_t *broker_tls_socket_new(amqp_connection_state_t conn, const config_
                                      const char *host, char *err, size_t err_len);
 
 /* After a failure on socket (from broker_tls_socket_new) — amqp_socket_open_noblock, or the
- * first reads of the login, where TLS 1.3 delivers the broker's verdict on a client certificate
- * — writes one line into err: which certificate, which file or name, what did not match, or the
- * TLS alert and what it likely means. host and port are the URL's. Returns true when it found a
- * TLS cause (a recorded certificate problem or an OpenSSL error), false when it left err
- * untouched (the failure was not TLS: a refused connection, a timeout). Consumes the thread's
+ * first reads and writes of the login, where TLS 1.3 delivers the broker's verdict on a client
+ * certificate — writes one line into err: which certificate, which file or name, what did not
+ * match, or the TLS alert and what it likely means. When the handshake had completed and nothing
+ * was recorded (the broker's alert lost to a connection reset), it asks again on one diagnostic
+ * connection with the same settings (at most a few seconds; rabbitmq-c gives no access to its own
+ * SSL). host and port are the URL's. Returns true when it found a TLS cause, false when it left
+ * err untouched (not a TLS failure: a refused connection, a timeout). Consumes the thread's
  * OpenSSL error queue. */
 bool broker_tls_explain(amqp_socket_t *socket, const config_amqp_tls *tls, const char *host,
                         int port, char *err, size_t err_len);

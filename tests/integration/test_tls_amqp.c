@@ -25,6 +25,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@
 #define READY_LINE "consuming with handler"
 #define DEADLINE_MS 60000
 #define CLIENT_CN "idemq-client"
+#define UNTRUSTED_ATTEMPTS 20
 
 /* ------------------------------------------------------------------------------ fixture */
 
@@ -120,6 +122,7 @@ static void init_tls(const char *name)
 {
     unsetenv("IDEMQ_AMQP_URL"); /* the file's URL, whatever the developer's shell says */
     harness_fixture_init(&F, name, NULL);
+    signal(SIGPIPE, SIG_IGN); /* the test's own TLS server writes to clients that may be gone */
 }
 
 static void init_verified(const char *name, const char *extra_tls)
@@ -313,16 +316,19 @@ Test(tls_amqp, a_wrong_server_name_fails_with_one_clear_line)
 
 /* ------------------------------------------------------------------------------ SNI */
 
-/* A one-connection TLS server on 127.0.0.1: it presents server.pem, or other.pem (for
- * rmq.internal) when the client asks for rmq.internal by SNI, records the SNI, finishes the
- * handshake and closes. rabbitmq-c then fails the AMQP login: only the TLS part is tested. */
+/* A TLS server on 127.0.0.1 that is not a broker: for each connection it presents server.pem,
+ * or other.pem (for rmq.internal) when the client asks for rmq.internal by SNI, records the SNI
+ * of the first connection, finishes the handshake and closes. rabbitmq-c then fails the AMQP
+ * login (and broker/tls.c's diagnostic connection, which comes next, hears no TLS alert): only
+ * the TLS part is tested. */
 typedef struct sni_server {
     int listener;
     int port;
     SSL_CTX *ctx, *other;
     pthread_t thread;
-    char sni[256]; /* "" when the client sent none */
-    bool handshake_ok;
+    int connections;
+    char sni[256];     /* of the first connection; "" when the client sent none */
+    bool handshake_ok; /* of the first connection */
 } sni_server;
 
 static int on_servername(SSL *ssl, int *alert, void *arg)
@@ -330,7 +336,8 @@ static int on_servername(SSL *ssl, int *alert, void *arg)
     sni_server *s = arg;
     const char *name = SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name);
     (void)alert;
-    snprintf(s->sni, sizeof s->sni, "%s", name ? name : "");
+    if (s->connections == 1)
+        snprintf(s->sni, sizeof s->sni, "%s", name ? name : "");
     if (name && !strcmp(name, "rmq.internal"))
         SSL_set_SSL_CTX(ssl, s->other);
     return SSL_TLSEXT_ERR_OK;
@@ -346,19 +353,23 @@ static SSL_CTX *server_ctx(const char *cert, const char *key)
     return ctx;
 }
 
+/* Serves until sni_server_join shuts the listener down. */
 static void *sni_serve(void *arg)
 {
     sni_server *s = arg;
-    int fd = accept(s->listener, NULL, NULL);
-    if (fd < 0)
-        return NULL;
-    SSL *ssl = SSL_new(s->ctx);
-    SSL_set_fd(ssl, fd);
-    s->handshake_ok = SSL_accept(ssl) == 1;
-    if (s->handshake_ok)
-        SSL_shutdown(ssl);
-    SSL_free(ssl);
-    close(fd);
+    int fd;
+    while ((fd = accept(s->listener, NULL, NULL)) >= 0) {
+        SSL *ssl = SSL_new(s->ctx);
+        SSL_set_fd(ssl, fd);
+        s->connections++;
+        bool ok = SSL_accept(ssl) == 1;
+        if (s->connections == 1)
+            s->handshake_ok = ok;
+        if (ok)
+            SSL_shutdown(ssl);
+        SSL_free(ssl);
+        close(fd);
+    }
     return NULL;
 }
 
@@ -382,6 +393,7 @@ static void sni_server_start(sni_server *s)
 
 static void sni_server_join(sni_server *s)
 {
+    shutdown(s->listener, SHUT_RDWR); /* wakes the accept */
     pthread_join(s->thread, NULL);
     close(s->listener);
     SSL_CTX_free(s->ctx);
@@ -478,6 +490,10 @@ Test(tls_amqp, mutual_tls_with_a_password_logs_in_with_plain)
     harness_stop_idemq(&F.daemon);
 }
 
+/* Under TLS 1.3 the broker refuses the certificate after idemq's side of the handshake is done;
+ * its alert races rabbitmq-c's first write, and a reset can swallow it (about one connect in six
+ * here). broker/tls.c then asks again on a diagnostic connection: every attempt must give the
+ * same clear line, so the check runs several times. */
 Test(tls_amqp, a_client_certificate_of_an_unknown_ca_is_refused_clearly)
 {
     char cert[512], key[512], extra[1200], hp[128], expected[1024];
@@ -488,12 +504,16 @@ Test(tls_amqp, a_client_certificate_of_an_unknown_ca_is_refused_clearly)
     amqps_host_port(hp, sizeof hp);
     snprintf(expected, sizeof expected,
              "TLS: RabbitMQ at %s refused the client certificate cert_file %s (", hp, cert);
-    char *out = NULL;
-    int rc = run_cli(&out, "check", NULL, NULL);
-    cr_assert_eq(rc, 1, "idemq check exited %d:\n%s", rc, out);
-    expect_one_clear_line("check", out, expected);
-    cr_expect(strstr(out, "unknown ca"), "the broker's alert is not named:\n%s", out);
-    free(out);
+    for (int attempt = 0; attempt < UNTRUSTED_ATTEMPTS; attempt++) {
+        char *out = NULL;
+        int rc = run_cli(&out, "check", NULL, NULL);
+        cr_assert_eq(rc, 1, "attempt %d: idemq check exited %d:\n%s", attempt, rc, out);
+        cr_assert(count_lines(out, expected) == 1 && strstr(out, "unknown ca"),
+                  "attempt %d: expected one line with \"%s\" naming the broker's alert; got:\n%s",
+                  attempt, expected, out);
+        expect_one_clear_line("check", out, expected);
+        free(out);
+    }
 }
 
 /* ------------------------------------------------------------------------------ verify: false */
