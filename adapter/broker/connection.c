@@ -117,7 +117,8 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
                               info.user, info.password);
     if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
         /* TLS 1.3 finishes the client's side of the handshake before the broker has checked the
-         * client certificate: its refusal arrives as an alert on the first read, here. */
+         * client certificate: its refusal arrives here, as an alert on the first read or as a
+         * reset of the first write (broker_tls_explain then asks again). */
         if (info.ssl && reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
             reply.library_error == AMQP_STATUS_SSL_ERROR &&
             broker_tls_explain(socket, opts->tls, info.host, info.port, err, err_len))
