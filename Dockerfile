@@ -42,7 +42,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       gcc libc6-dev make cmake pkg-config binutils \
       librabbitmq-dev default-libmysqlclient-dev libmsgpack-dev libuv1-dev libjansson-dev \
-      libyaml-dev \
+      libyaml-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 WORKDIR /src
 # .dockerignore keeps build folders, .state and .git out of the context.
@@ -61,12 +61,14 @@ ARG DEBIAN_FRONTEND=noninteractive
 # One package per shared library the binary links (ldd on the built binary, dpkg -S on each .so):
 #   librabbitmq.so.4 librabbitmq4 · libmariadb.so.3 libmariadb3 (it also carries the
 #   caching_sha2_password client plugin MySQL 8 accounts use by default) · libmsgpackc.so.2
-#   libmsgpackc2 · libuv.so.1 libuv1 · libjansson.so.4 libjansson4 · libyaml-0.so.2 libyaml-0-2;
-#   libssl3 and zlib1g come with them. ca-certificates: for amqps:// to verify the broker.
+#   libmsgpackc2 · libuv.so.1 libuv1 · libjansson.so.4 libjansson4 · libyaml-0.so.2 libyaml-0-2
+#   · libssl.so.3 and libcrypto.so.3 libssl3 (broker/tls.c); zlib1g comes with them.
+#   ca-certificates: the system trust store amqps:// verifies the broker with by default.
 # No HTTP client is installed: the HEALTHCHECK below speaks HTTP through bash's /dev/tcp.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      librabbitmq4 libmariadb3 libmsgpackc2 libuv1 libjansson4 libyaml-0-2 ca-certificates \
+      librabbitmq4 libmariadb3 libmsgpackc2 libuv1 libjansson4 libyaml-0-2 libssl3 \
+      ca-certificates \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /var/cache/apt/*.bin \
  && groupadd --system --gid 10001 idemq \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

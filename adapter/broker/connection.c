@@ -3,12 +3,14 @@
  */
 #include "broker/connection.h"
 
-#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+
+#include "broker/tls.h"
 
 const char *broker_describe_method(const amqp_method_t *method, char *buf, size_t len)
 {
@@ -45,6 +47,20 @@ const char *broker_describe_reply(amqp_rpc_reply_t reply, char *buf, size_t len)
     return buf;
 }
 
+/* Whether the URL's user-info holds a password ("user:pass@"). amqp_parse_url cannot say: it
+ * fills in "guest" for a missing one. */
+static bool url_has_password(const char *url)
+{
+    const char *start = strstr(url, "://");
+    start = start ? start + 3 : url;
+    size_t auth_len = strcspn(start, "/?#");
+    const char *at = NULL;
+    for (size_t i = 0; i < auth_len; i++)
+        if (start[i] == '@')
+            at = start + i;
+    return at && memchr(start, ':', (size_t)(at - start)) != NULL;
+}
+
 int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, char *err,
                 size_t err_len)
 {
@@ -66,16 +82,27 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
         snprintf(err, err_len, "out of memory");
         goto out;
     }
-    amqp_socket_t *socket = info.ssl ? amqp_ssl_socket_new(conn) : amqp_tcp_socket_new(conn);
-    if (!socket) {
-        snprintf(err, err_len, "cannot create %s socket", info.ssl ? "TLS" : "TCP");
-        goto out;
+    amqp_socket_t *socket;
+    if (info.ssl) {
+        socket = broker_tls_socket_new(conn, opts->tls, info.host, err, err_len);
+        if (!socket)
+            goto out;
+    } else {
+        socket = amqp_tcp_socket_new(conn);
+        if (!socket) {
+            snprintf(err, err_len, "cannot create a TCP socket");
+            goto out;
+        }
     }
+    /* EXTERNAL: the broker (rabbitmq_auth_mechanism_ssl) takes the user name from the client
+     * certificate; the identity sent along is the URL's user, which it ignores. */
+    bool external = info.ssl && opts->tls && opts->tls->cert_file && !url_has_password(opts->url);
     struct timeval open_timeout = {.tv_sec = 5};
     int status = amqp_socket_open_noblock(socket, info.host, info.port, &open_timeout);
     if (status != AMQP_STATUS_OK) {
-        snprintf(err, err_len, "cannot connect to RabbitMQ at %s:%d: %s", info.host, info.port,
-                 amqp_error_string2(status));
+        if (!info.ssl || !broker_tls_explain(socket, opts->tls, info.host, info.port, err, err_len))
+            snprintf(err, err_len, "cannot connect to RabbitMQ at %s:%d: %s", info.host,
+                     info.port, amqp_error_string2(status));
         goto out;
     }
     struct timeval handshake_timeout = {.tv_sec = 10};
@@ -83,10 +110,39 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
     amqp_set_handshake_timeout(conn, &handshake_timeout);
     amqp_set_rpc_timeout(conn, &rpc_timeout);
     int heartbeat_s = (int)((opts->heartbeat_ms + 999) / 1000);
-    amqp_rpc_reply_t reply = amqp_login(conn, info.vhost, 0, 131072, heartbeat_s,
-                                        AMQP_SASL_METHOD_PLAIN, info.user, info.password);
+    amqp_rpc_reply_t reply =
+        external ? amqp_login(conn, info.vhost, 0, 131072, heartbeat_s, AMQP_SASL_METHOD_EXTERNAL,
+                              info.user)
+                 : amqp_login(conn, info.vhost, 0, 131072, heartbeat_s, AMQP_SASL_METHOD_PLAIN,
+                              info.user, info.password);
     if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+        /* TLS 1.3 finishes the client's side of the handshake before the broker has checked the
+         * client certificate: its refusal arrives here, as an alert on the first read or as a
+         * reset of the first write (broker_tls_explain then asks again). */
+        if (info.ssl && reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+            reply.library_error == AMQP_STATUS_SSL_ERROR &&
+            broker_tls_explain(socket, opts->tls, info.host, info.port, err, err_len))
+            goto out;
+        if (external && reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+            reply.library_error == AMQP_STATUS_BROKER_UNSUPPORTED_SASL_METHOD) {
+            snprintf(err, err_len,
+                     "RabbitMQ at %s:%d does not offer the EXTERNAL login that a client "
+                     "certificate without a password in the URL asks for: enable the "
+                     "rabbitmq_auth_mechanism_ssl plugin and add EXTERNAL to auth_mechanisms, or "
+                     "put a password in the URL",
+                     info.host, info.port);
+            rc = BROKER_E_REFUSED;
+            goto out;
+        }
         broker_describe_reply(reply, reason, sizeof reason);
+        if (external) {
+            snprintf(err, err_len,
+                     "RabbitMQ at %s:%d refused the EXTERNAL login (client certificate %s) to "
+                     "vhost '%s': %s",
+                     info.host, info.port, opts->tls->cert_file, info.vhost, reason);
+            rc = BROKER_E_REFUSED;
+            goto out;
+        }
         snprintf(err, err_len, "RabbitMQ at %s:%d refused login as '%s' to vhost '%s': %s",
                  info.host, info.port, info.user, info.vhost, reason);
         rc = BROKER_E_REFUSED;
@@ -115,6 +171,16 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
             snprintf(err, err_len, "confirm.select failed: %s",
                      broker_describe_reply(reply, reason, sizeof reason));
             goto out;
+        }
+    }
+    if (opts->tls_info && opts->tls_info_len) {
+        opts->tls_info[0] = '\0';
+        if (info.ssl) {
+            broker_tls_describe(socket, opts->tls_info, opts->tls_info_len);
+            if (external) {
+                size_t n = strlen(opts->tls_info);
+                snprintf(opts->tls_info + n, opts->tls_info_len - n, ", EXTERNAL login");
+            }
         }
     }
     *out = conn;

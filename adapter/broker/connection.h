@@ -27,16 +27,25 @@
 /* The delivery came on a connection that is gone. */
 #define BROKER_E_STALE (-3)
 
+struct config_amqp_tls;
+
 typedef struct broker_open_options {
     const char *url;            /* amqp[s]://user:pass@host:port/vhost; borrowed */
     uint64_t heartbeat_ms;      /* 0 disables heartbeats */
     unsigned prefetch;          /* 0: no basic.qos */
     int confirms;               /* non-zero: confirm.select on the channel */
+    /* amqps:// only (broker/tls.h): borrowed; NULL: the system trust store, verification on */
+    const struct config_amqp_tls *tls;
+    char *tls_info;             /* optional out: the negotiated version, cipher and certificates
+                                   (broker_tls_describe); "" for amqp:// */
+    size_t tls_info_len;
 } broker_open_options;
 
 /* Opens a connection and channel BROKER_CHANNEL. Returns 0 and sets *out (returned owned), or
  * BROKER_E_FAILED with a reason in err; BROKER_E_REFUSED when the broker refused the credentials
- * or vhost. */
+ * or vhost. An amqps:// URL connects with TLS (broker/tls.h): a certificate problem is one line
+ * in err naming the file or name at fault. With a client certificate (tls->cert_file) and no
+ * password in the URL, the login is EXTERNAL: the broker takes the user from the certificate. */
 int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, char *err,
                 size_t err_len);
 

@@ -286,15 +286,21 @@ static int apply_consuming(broker_session *s, char *err, size_t err_len)
  * configuration conflicts, BROKER_E_FAILED otherwise; err says why. */
 static int connect_and_setup(broker_session *s, const char *url, char *err, size_t err_len)
 {
+    char tls_info[1024];
     broker_open_options opts = {
         .url = url,
         .heartbeat_ms = s->cfg->heartbeat_ms,
         .prefetch = s->cfg->prefetch,
         .confirms = 1,
+        .tls = &s->cfg->amqp_tls,
+        .tls_info = tls_info,
+        .tls_info_len = sizeof tls_info,
     };
     int rc = broker_open(&opts, &s->conn, err, err_len);
     if (rc != 0)
         return BROKER_E_FAILED;
+    if (tls_info[0])
+        log_info(LOG_NO_CONTEXT, "RabbitMQ connection uses TLS: %s", tls_info);
     for (size_t i = 0; i < s->cfg->consumer_count; i++) {
         const config_consumer *c = &s->cfg->consumers[i];
         log_context ctx = {.queue = c->queue, .retries = -1};

@@ -11,6 +11,7 @@
 
 #include "broker/connection.h"
 #include "broker/nodes.h"
+#include "broker/tls.h"
 #include "broker/topology.h"
 #include "db/connect.h"
 #include "db/prepare.h"
@@ -134,13 +135,21 @@ static int check_database(const config *cfg)
  * fails it. */
 static int check_broker(const config *cfg)
 {
-    char err[CONFIG_MAX_AMQP_URLS][1024], redacted[512];
+    char err[CONFIG_MAX_AMQP_URLS][1024], tls_info[CONFIG_MAX_AMQP_URLS][1024], redacted[512];
     int rc[CONFIG_MAX_AMQP_URLS];
     size_t answered = 0;
     bool refused = false;
+    const char *tls_warning = broker_tls_warning(cfg->amqp_urls[0], &cfg->amqp_tls);
+    if (tls_warning)
+        printf("amqp    WARN %s\n", tls_warning);
     for (size_t i = 0; i < cfg->amqp_url_count; i++) {
         amqp_connection_state_t conn;
-        broker_open_options opts = {.url = cfg->amqp_urls[i], .heartbeat_ms = 0};
+        tls_info[i][0] = '\0';
+        broker_open_options opts = {.url = cfg->amqp_urls[i],
+                                    .heartbeat_ms = 0,
+                                    .tls = &cfg->amqp_tls,
+                                    .tls_info = tls_info[i],
+                                    .tls_info_len = sizeof tls_info[i]};
         rc[i] = broker_open(&opts, &conn, err[i], sizeof err[i]);
         if (rc[i] == 0) {
             answered++;
@@ -151,9 +160,12 @@ static int check_broker(const config *cfg)
     }
     for (size_t i = 0; i < cfg->amqp_url_count; i++) {
         config_redact_url(cfg->amqp_urls[i], redacted, sizeof redacted);
-        if (rc[i] == 0)
+        if (rc[i] == 0) {
             printf("amqp    ok   %s\n", redacted);
-        else if (rc[i] == BROKER_E_REFUSED || answered == 0)
+            /* The handshake rabbitmq-c just made, as recorded by broker/tls.c's callbacks. */
+            if (tls_info[i][0])
+                printf("amqp    tls  %s\n", tls_info[i]);
+        } else if (rc[i] == BROKER_E_REFUSED || answered == 0)
             fprintf(stderr, "amqp    FAIL %s: %s\n", redacted, err[i]);
         else
             fprintf(stderr, "amqp    WARN %s: %s (%zu of %zu nodes answered)\n", redacted, err[i],
@@ -206,7 +218,7 @@ int cli_topology(const config *cfg, bool dry_run)
         return 0;
     char err[2048];
     amqp_connection_state_t conn;
-    broker_open_options opts = {0};
+    broker_open_options opts = {.tls = &cfg->amqp_tls};
     if (broker_open_first(cfg->amqp_urls, cfg->amqp_url_count, &opts, &conn, NULL, err,
                           sizeof err) != 0) {
         fprintf(stderr, "idemq topology: %s\n", err);

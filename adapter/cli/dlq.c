@@ -555,7 +555,8 @@ int cli_dlq(const config *cfg, const dlq_options *opts)
     char err[1024];
     pass p = {.cfg = cfg, .c = c, .opts = opts};
     topology_dead_letter_queue(c, p.dlq, sizeof p.dlq);
-    broker_open_options open_opts = {.confirms = opts->action != DLQ_PURGE};
+    broker_open_options open_opts = {.confirms = opts->action != DLQ_PURGE,
+                                     .tls = &cfg->amqp_tls};
     if (broker_open_first(cfg->amqp_urls, cfg->amqp_url_count, &open_opts, &p.conn, NULL, err,
                           sizeof err) != 0) {
         fprintf(stderr, "idemq dlq: %s\n", err);

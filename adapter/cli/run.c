@@ -22,6 +22,7 @@
 #include <uv.h>
 
 #include "broker/session.h"
+#include "broker/tls.h"
 #include "handlers/plugin.h"
 #include "ops/http_server.h"
 #include "ops/log.h"
@@ -326,6 +327,9 @@ static int run_consumers(const config *cfg)
     uv_signal_start(&r->sigterm, on_signal, SIGTERM);
     uv_signal_start(&r->sigint, on_signal, SIGINT);
 
+    const char *tls_warning = broker_tls_warning(cfg->amqp_urls[0], &cfg->amqp_tls);
+    if (tls_warning)
+        log_warn(LOG_NO_CONTEXT, "%s", tls_warning);
     int rc = broker_session_start(r->broker, err, sizeof err);
     metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, rc == 0);
     if (rc != 0) {

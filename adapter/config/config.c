@@ -245,6 +245,7 @@ int config_load(const char *path, FILE *errors, config **out)
     config_apply_defaults(&ctx, config_top_table, cfg);
     config_walk_table(&ctx, config_top_table, root, cfg, "", config_node_line(root));
     config_finish_amqp_urls(&ctx, root, cfg);
+    config_validate_amqp_tls(&ctx, cfg, root);
 out:
     rc = ctx.total > (size_t)INT32_MAX ? -INT32_MAX : -(int)ctx.total;
     config_flush_problems(&ctx, errors);
@@ -312,6 +313,10 @@ void config_free(config *cfg)
     free(cfg->path);
     for (size_t i = 0; i < CONFIG_MAX_AMQP_URLS; i++)
         free(cfg->amqp_urls[i]);
+    free(cfg->amqp_tls.ca_file);
+    free(cfg->amqp_tls.cert_file);
+    free(cfg->amqp_tls.key_file);
+    free(cfg->amqp_tls.server_name);
     free(cfg->mysql_url);
     free(cfg->http_listen);
     free(cfg);

@@ -157,6 +157,19 @@ typedef struct config_dedup {
 
 /* Broker nodes of one cluster in amqp.urls. */
 #define CONFIG_MAX_AMQP_URLS 16
+/* amqp.tls: how an amqps:// connection checks the broker and which client certificate it shows
+ * (broker/tls.h). An amqps:// URL without a tls block gets the defaults: the system trust store,
+ * verification on. The loader checks that each file can be read, that cert_file and key_file
+ * come together, and that the URL is amqps:// when the block is there. */
+typedef struct config_amqp_tls {
+    char *ca_file;      /* CA certificates (PEM) the broker's chain must end in; NULL: the
+                           system trust store */
+    char *cert_file;    /* client certificate chain (PEM), for mutual TLS; NULL: none */
+    char *key_file;     /* its private key (PEM, unencrypted); set exactly when cert_file is */
+    int verify;         /* 1 (default): the chain and the name are checked; 0: neither (the
+                           daemon warns at start) */
+    char *server_name;  /* SNI and the name the certificate must hold; NULL: the URL's host */
+} config_amqp_tls;
 
 typedef struct config {
     char *path;             /* the file it came from, for messages */
@@ -168,6 +181,7 @@ typedef struct config {
     unsigned prefetch;      /* 1..65535, default 64 */
     uint64_t heartbeat_ms;  /* 0 disables; default 30000 */
     size_t max_body;        /* bytes, default 1 MiB */
+    config_amqp_tls amqp_tls; /* amqp.tls; used for amqps:// URLs */
     /* mysql */
     char *mysql_url;
     unsigned workers;       /* 1..256, default 4 */

@@ -3,11 +3,19 @@
  */
 #include "config/options.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 #include "config/amqp_urls.h"
 #include "config/config.h"
 #include "config/consumers.h"
+#include "config/document.h"
+#include "config/text.h"
 #include "config/url.h"
 
 _Static_assert(sizeof(config_log_level) == sizeof(int), "enums are stored as int");
@@ -18,9 +26,91 @@ static int check_mysql_url(const char *text, char *why, size_t why_len)
     return config_check_url(text, schemes, "mysql://", true, why, why_len);
 }
 
+/* amqp.tls files are read at every connect: a typo or a permission problem must fail at load,
+ * with its line, not at the first connect. */
+static int check_readable_file(const char *text, char *why, size_t why_len)
+{
+    char shown[128];
+    struct stat st;
+    FILE *f;
+
+    if (!*text) {
+        snprintf(why, why_len, "the file name must not be empty");
+        return -1;
+    }
+    config_show(shown, sizeof shown, text);
+    if (stat(text, &st) != 0) {
+        snprintf(why, why_len, "cannot read '%s': %s", shown, strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(why, why_len, "'%s' is not a regular file", shown);
+        return -1;
+    }
+    f = fopen(text, "r");
+    if (!f) {
+        snprintf(why, why_len, "cannot read '%s': %s", shown, strerror(errno));
+        return -1;
+    }
+    fclose(f);
+    return 0;
+}
+
+/* A DNS name or an IP address, as a certificate holds them (no wildcard, no port). */
+static int check_server_name(const char *text, char *why, size_t why_len)
+{
+    char shown[128];
+    unsigned char v6[16];
+    size_t n = strlen(text);
+    if (n == 0 || n > 253) {
+        snprintf(why, why_len, "must be a host name of 1 to 253 bytes");
+        return -1;
+    }
+    for (const char *p = text; *p; p++) {
+        char c = *p;
+        if (!(config_is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              c == '-' || c == '.' || c == ':')) {
+            snprintf(why, why_len, "'%s' is not a host name or IP address (no port, no wildcard)",
+                     config_show(shown, sizeof shown, text));
+            return -1;
+        }
+    }
+    if (strchr(text, ':') && inet_pton(AF_INET6, text, v6) != 1) {
+        snprintf(why, why_len,
+                 "'%s' is not a host name or IP address (no port: the URL gives the port)",
+                 config_show(shown, sizeof shown, text));
+        return -1;
+    }
+    return 0;
+}
+
 /* The tables are laid out by hand, one entry per paragraph, to read like a reference. */
 /* clang-format off */
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
+
+static const char *const bool_names[] = {"false", "true", NULL};
+
+/* amqp.tls: offsets into config, like every section. */
+static const opt amqp_tls_table[] = {
+    {.name = "ca_file", .type = OPT_STRING, .offset = offsetof(config, amqp_tls.ca_file),
+     .check = check_readable_file,
+     .help = "CA certificates (PEM) that must sign the broker's certificate; default: the "
+             "system trust store"},
+    {.name = "cert_file", .type = OPT_STRING, .offset = offsetof(config, amqp_tls.cert_file),
+     .check = check_readable_file,
+     .help = "client certificate (PEM) for mutual TLS, with key_file; without a password in "
+             "the URL idemq logs in with it (EXTERNAL)"},
+    {.name = "key_file", .type = OPT_STRING, .offset = offsetof(config, amqp_tls.key_file),
+     .check = check_readable_file, .help = "private key of cert_file (PEM, unencrypted)"},
+    {.name = "verify", .type = OPT_ENUM, .offset = offsetof(config, amqp_tls.verify),
+     .names = bool_names, .def = "true",
+     .help = "check the broker's certificate chain and name; false is logged as a warning"},
+    {.name = "server_name", .type = OPT_STRING, .offset = offsetof(config, amqp_tls.server_name),
+     .check = check_server_name,
+     .help = "name sent as SNI and required in the broker's certificate; default: the URL's "
+             "host"},
+    {0},
+};
 
 static const opt amqp_table[] = {
     /* url is the first slot of amqp_urls; both keys, and the environment, are settled by
@@ -39,6 +129,8 @@ static const opt amqp_table[] = {
      .help = "AMQP heartbeat interval; 0 turns heartbeats off"},
     {.name = "max_body", .type = OPT_SIZE, .offset = offsetof(config, max_body), .min = 1024,
      .max = 64u << 20, .def = "1MiB", .help = "largest message body accepted"},
+    {.name = "tls", .type = OPT_SECTION, .section = amqp_tls_table,
+     .help = "TLS settings of amqps:// URLs"},
     {0},
 };
 
@@ -93,3 +185,50 @@ const opt config_top_table[] = {
     {0},
 };
 /* clang-format on */
+
+/* The line of the key `name` in map (0 when absent), for messages about the key itself. */
+static unsigned long key_line(load_ctx *ctx, const yaml_node_t *map, const char *name)
+{
+    if (!map || map->type != YAML_MAPPING_NODE)
+        return 0;
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *key = config_get_node(ctx, p->key);
+        if (key && key->type == YAML_SCALAR_NODE && !strcmp(config_scalar_text(key), name))
+            return config_node_line(key);
+    }
+    return 0;
+}
+
+void config_validate_amqp_tls(load_ctx *ctx, const config *cfg, yaml_node_t *root)
+{
+    yaml_node_t *amqp = config_mapping_get(ctx, root, "amqp");
+    yaml_node_t *tls = config_mapping_get(ctx, amqp, "tls");
+    bool has_cert, has_key;
+
+    if (!tls || tls->type != YAML_MAPPING_NODE)
+        return; /* absent, or its shape was already reported */
+    /* By key, not by value: a file that failed its own check must not count as missing too. */
+    has_cert = config_mapping_get(ctx, tls, "cert_file") != NULL;
+    has_key = config_mapping_get(ctx, tls, "key_file") != NULL;
+    if (has_cert != has_key)
+        config_report(ctx, key_line(ctx, tls, has_cert ? "cert_file" : "key_file"),
+                      "amqp.tls: %s is given without %s (a client certificate needs its private "
+                      "key, and a key its certificate)",
+                      has_cert ? "cert_file" : "key_file", has_cert ? "key_file" : "cert_file");
+    for (size_t i = 0; i < cfg->amqp_url_count; i++) {
+        const char *url = cfg->amqp_urls[i];
+        if (!url || strncmp(url, "amqps://", 8) == 0)
+            continue;
+        const char *env = getenv("IDEMQ_AMQP_URL");
+        char redacted[256], shown[128], which[48] = "amqp.url";
+        if (cfg->amqp_url_count > 1)
+            snprintf(which, sizeof which, "broker URL %zu of %zu", i + 1, cfg->amqp_url_count);
+        config_redact_url(url, redacted, sizeof redacted);
+        config_report(ctx, key_line(ctx, amqp, "tls"),
+                      "amqp.tls is given but %s%s '%s' is plain AMQP, which would ignore it: use "
+                      "an amqps:// URL (TLS, port 5671 by default) or remove amqp.tls",
+                      which, env && *env ? " (from IDEMQ_AMQP_URL)" : "",
+                      config_show(shown, sizeof shown, redacted));
+    }
+}

@@ -11,7 +11,14 @@
 
 #include "config/table.h"
 
+struct config;
+
 /* The keys of the file's top-level mapping; the base struct is config. */
 extern const opt config_top_table[];
+
+/* After the whole walk (environment overrides applied): amqp.tls as a whole. cert_file and
+ * key_file must come together, and a tls block needs an amqps:// URL — a plain amqp:// URL
+ * would silently ignore it. root is the document's top mapping (borrowed). Reports into ctx. */
+void config_validate_amqp_tls(load_ctx *ctx, const struct config *cfg, yaml_node_t *root);
 
 #endif

@@ -503,7 +503,7 @@ Test(config, unknown_keys_suggest_or_list)
     cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
     assert_error(r, LINE_A,
                  "unknown key 'amqp.completely_different' (known keys in amqp: url, urls, "
-                 "prefetch, heartbeat, max_body)");
+                 "prefetch, heartbeat, max_body, tls)");
     result_free(&r);
 }
 
@@ -1686,5 +1686,156 @@ Test(config, environment_list_reports_each_bad_entry_without_passwords)
     cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
     assert_error(r, 0, "URL 2 repeats URL 1 ('amqp://u:***@env-1')");
     cr_assert_null(strstr(r.errs, "hunter2"), "password leaked:\n%s", r.errs);
+    result_free(&r);
+}
+
+/* ---- amqp.tls ------------------------------------------------------------------------------ */
+
+/* A config whose amqp section is url (line 2) and then the lines of tls_lines (from line 3,
+ * each already indented under amqp:); NULL: no tls block. */
+static result load_amqp_tls(const char *url, const char *tls_lines)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_not_null(f);
+    fprintf(f, "amqp:\n  url: \"%s\"\n%s", url, tls_lines ? tls_lines : "");
+    fputs("mysql: {url: \"mysql://root@127.0.0.1:3306/idemq\"}\n"
+          "consumers:\n"
+          "  - queue: payments\n"
+          "    handler_name: pay-callback\n"
+          "    handler: {type: sql, statements: [{sql: \"SELECT 1\"}]}\n",
+          f);
+    cr_assert_eq(fclose(f), 0);
+    result r = load_text(text);
+    free(text);
+    return r;
+}
+
+/* tmpdir/name, created with some bytes: the loader only checks that it can be read. */
+static const char *tls_file(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%s/%s", tmpdir, name);
+    write_text(buf, "-----BEGIN CERTIFICATE-----\n", 28);
+    return buf;
+}
+
+Test(config, amqp_tls_defaults_and_values)
+{
+    /* amqps:// without a block: the system trust store, verification on. */
+    result r = load_amqp_tls("amqps://guest:guest@rmq-1:5671/%2f", NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_null(r.cfg->amqp_tls.ca_file);
+    cr_assert_null(r.cfg->amqp_tls.cert_file);
+    cr_assert_null(r.cfg->amqp_tls.key_file);
+    cr_assert_null(r.cfg->amqp_tls.server_name);
+    cr_assert_eq(r.cfg->amqp_tls.verify, 1);
+    result_free(&r);
+
+    char ca[256], cert[256], key[256], lines[1024];
+    tls_file(ca, sizeof ca, "ca.pem");
+    tls_file(cert, sizeof cert, "client.pem");
+    tls_file(key, sizeof key, "client.key");
+    snprintf(lines, sizeof lines,
+             "  tls:\n    ca_file: %s\n    cert_file: %s\n    key_file: %s\n"
+             "    verify: false\n    server_name: rmq.internal\n",
+             ca, cert, key);
+    r = load_amqp_tls("amqps://idemq@rmq-1:5671/payments", lines);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->amqp_tls.ca_file, ca);
+    cr_assert_str_eq(r.cfg->amqp_tls.cert_file, cert);
+    cr_assert_str_eq(r.cfg->amqp_tls.key_file, key);
+    cr_assert_str_eq(r.cfg->amqp_tls.server_name, "rmq.internal");
+    cr_assert_eq(r.cfg->amqp_tls.verify, 0);
+    result_free(&r);
+
+    /* An empty block is the defaults too, and an IP address is a valid server_name. */
+    r = load_amqp_tls("amqps://guest:guest@rmq-1/%2f", "  tls: {server_name: 10.0.0.7}\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->amqp_tls.verify, 1);
+    cr_assert_str_eq(r.cfg->amqp_tls.server_name, "10.0.0.7");
+    result_free(&r);
+}
+
+Test(config, amqp_tls_errors_have_lines)
+{
+    char cert[256], key[256], lines[1024];
+    tls_file(cert, sizeof cert, "client.pem");
+    tls_file(key, sizeof key, "client.key");
+    const char *url = "amqps://guest:guest@rmq-1:5671/%2f";
+
+    result r = load_amqp_tls(url, "  tls:\n    ca_file: /nonexistent/ca.pem\n");
+    assert_error(r, 4, "amqp.tls.ca_file: cannot read '/nonexistent/ca.pem': No such file or "
+                       "directory");
+    result_free(&r);
+
+    snprintf(lines, sizeof lines, "  tls:\n    ca_file: %s\n", tmpdir);
+    r = load_amqp_tls(url, lines);
+    assert_error(r, 4, "amqp.tls.ca_file: '");
+    assert_error(r, 4, "' is not a regular file");
+    result_free(&r);
+
+    /* A certificate without its key and a key without its certificate, at their own line. */
+    snprintf(lines, sizeof lines, "  tls:\n    verify: true\n    cert_file: %s\n", cert);
+    r = load_amqp_tls(url, lines);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 5, "amqp.tls: cert_file is given without key_file");
+    result_free(&r);
+    snprintf(lines, sizeof lines, "  tls:\n    key_file: %s\n", key);
+    r = load_amqp_tls(url, lines);
+    assert_error(r, 4, "amqp.tls: key_file is given without cert_file");
+    result_free(&r);
+
+    /* A key whose file is missing is reported as such, not also as "without key_file". */
+    snprintf(lines, sizeof lines, "  tls:\n    cert_file: %s\n    key_file: %s/nope.key\n", cert,
+             tmpdir);
+    r = load_amqp_tls(url, lines);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 5, "amqp.tls.key_file: cannot read '");
+    result_free(&r);
+
+    r = load_amqp_tls(url, "  tls: {verify: yes}\n");
+    assert_error(r, 3, "amqp.tls.verify: 'yes' is not one of: false, true");
+    result_free(&r);
+    r = load_amqp_tls(url, "  tls: {server_name: \"*.rmq.internal\"}\n");
+    assert_error(r, 3, "amqp.tls.server_name: '*.rmq.internal' is not a host name or IP address");
+    result_free(&r);
+    r = load_amqp_tls(url, "  tls: {cafile: x}\n");
+    assert_error(r, 3, "unknown key 'amqp.tls.cafile' (did you mean 'amqp.tls.ca_file'?)");
+    result_free(&r);
+    r = load_amqp_tls(url, "  tls: {server_name: \"rmq:5671\"}\n");
+    assert_error(r, 3, "amqp.tls.server_name: 'rmq:5671' is not a host name");
+    result_free(&r);
+    r = load_amqp_tls(url, "  tls: {server_name: \"fe80::1\"}\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    result_free(&r);
+    r = load_amqp_tls(url, "  tls: /etc/idemq/ca.pem\n");
+    assert_error(r, 3, "amqp.tls: expected a mapping, got a string");
+    result_free(&r);
+}
+
+/* A tls block with a plain amqp:// URL would be ignored without a word: refused, at the tls
+ * key's line, whether the URL is in the file or comes from IDEMQ_AMQP_URL — and never with the
+ * URL's password in the message. */
+Test(config, amqp_tls_needs_an_amqps_url)
+{
+    result r = load_amqp_tls("amqp://idemq:s3cret@rmq-1:5672/%2f", "  tls:\n    verify: true\n");
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 3,
+                 "amqp.tls is given but amqp.url 'amqp://idemq:***@rmq-1:5672/%2f' is plain AMQP, "
+                 "which would ignore it: use an amqps:// URL");
+    cr_assert_null(strstr(r.errs, "s3cret"), "%s", r.errs);
+    result_free(&r);
+
+    cr_assert_eq(setenv("IDEMQ_AMQP_URL", "amqp://idemq:s3cret@rmq-2:5672/%2f", 1), 0);
+    r = load_amqp_tls("amqps://idemq:s3cret@rmq-1:5671/%2f", "  tls: {}\n");
+    assert_error(r, 3, "amqp.url (from IDEMQ_AMQP_URL) 'amqp://idemq:***@rmq-2:5672/%2f' is plain");
+    cr_assert_null(strstr(r.errs, "s3cret"), "%s", r.errs);
+    result_free(&r);
+
+    /* The other way round is fine: the environment's amqps:// URL with the file's block. */
+    cr_assert_eq(setenv("IDEMQ_AMQP_URL", "amqps://idemq:s3cret@rmq-2/%2f", 1), 0);
+    r = load_amqp_tls("amqp://guest:guest@rmq-1/%2f", "  tls: {server_name: rmq.internal}\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
     result_free(&r);
 }
