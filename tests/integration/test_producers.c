@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,6 @@
 #define DUPLICATED 5 /* of which the first DUPLICATED are published twice */
 #define SHARED_ORDER "shared-订单-😀"
 #define SHARED_AMOUNT "9007199254740993" /* 2^53 + 1: a double would make it ...992 */
-#define INT64_MAX_TEXT "9223372036854775807"
 
 static harness_fixture F;
 
@@ -51,7 +51,7 @@ static void teardown(void)
     harness_fixture_fini(&F);
 }
 
-TestSuite(producers, .fini = teardown, .timeout = 240);
+TestSuite(producers, .fini = teardown, .timeout = 300);
 
 /* ---- child processes -------------------------------------------------------------------- */
 
@@ -201,8 +201,13 @@ static void build_producers(harness *h, producers *p)
     /* Go: GOPATH mode against Debian's packaged sources; the output goes to h->dir. */
     snprintf(p->go, sizeof p->go, "%s/producer-go", h->dir);
     snprintf(out, sizeof out, "%s/build-go.log", h->dir);
-    const char *go_env[] = {"GO111MODULE=off", "GOPATH=/usr/share/gocode",
-                            "GOFLAGS=", "CGO_ENABLED=0", NULL};
+    /* Go's build cache and npm's cache live under HOME: give them one if the caller has none. */
+    char home[450];
+    snprintf(home, sizeof home, "HOME=%s", h->dir);
+    const char *home_env = getenv("HOME") ? NULL : home;
+    const char *go_env[] = {
+        "GO111MODULE=off", "GOPATH=/usr/share/gocode", "GOFLAGS=", "CGO_ENABLED=0", home_env, NULL};
+    const char *npm_env[] = {home_env, NULL};
     const char *go_build[] = {"go", "build", "-o", p->go, ".", NULL};
     free(run_ok("go build", PRODUCERS "/go", go_build, go_env, out, BUILD_MS));
 
@@ -225,7 +230,7 @@ static void build_producers(harness *h, producers *p)
     snprintf(out, sizeof out, "%s/build-node.log", h->dir);
     free(run_ok("copy the node example", h->dir, cp, NULL, out, RUN_MS));
     const char *npm[] = {"npm", "ci", "--no-audit", "--no-fund", "--loglevel=error", NULL};
-    free(run_ok("npm ci", p->node_dir, npm, NULL, out, BUILD_MS));
+    free(run_ok("npm ci", p->node_dir, npm, npm_env, out, BUILD_MS));
     cr_log_info("builds: %lld ms", (long long)(harness_now_ms() - t0));
 
     p->python[0] = "/usr/bin/python3";
@@ -347,9 +352,10 @@ Test(producers, each_builds_and_passes_its_vector_self_check_which_catches_a_wro
 
 /* ---- against a live idemq --------------------------------------------------------------- */
 
+/* The amount of lang's order i: 2^63 - 1 for order 0 of every language. */
 static long long amount_of(int lang, int i)
 {
-    return i == 0 ? 9223372036854775807LL : (lang + 1) * 1000000LL + i;
+    return i == 0 ? INT64_MAX : (lang + 1) * 1000000LL + i;
 }
 
 /* Writes one events file for lang: lines [from, to) of its orders, then the first `dups` again,
