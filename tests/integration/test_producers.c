@@ -447,13 +447,12 @@ Test(producers, four_languages_apply_exactly_once_with_one_event_shared_by_all)
         free(text);
     }
 
-    /* Every message was confirmed by the broker: wait until idemq settled all of them, then stop
-     * it, so that no line can come after the counting. */
+    /* Every message was confirmed by the broker: wait until idemq settled as many as were sent
+     * (whatever the outcomes: the checks below tell them apart), then stop it, so that no line
+     * can come after the counting. */
     const int keys = LANGS * ORDERS + 1, duplicates = LANGS * DUPLICATED + (LANGS - 1);
-    cr_assert(harness_wait_log(h, "\"outcome\":\"processed\"", keys, DEADLINE_MS),
-              "idemq did not process the %d distinct events", keys);
-    cr_assert(harness_wait_log(h, "\"outcome\":\"deduped\"", duplicates, DEADLINE_MS),
-              "idemq did not dedup the %d duplicates", duplicates);
+    cr_assert(harness_wait_log(h, "\"outcome\":", keys + duplicates, DEADLINE_MS),
+              "idemq did not settle the %d messages sent", keys + duplicates);
     harness_stop_idemq(&F.daemon);
     cr_expect_eq(harness_queue_depth(h, h->queue), 0, "messages left in the work queue");
 
