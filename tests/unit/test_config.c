@@ -16,7 +16,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <amqp.h>
+
 #include "config/config.h"
+#include "db/dsn.h"
 #include "ops/log.h"
 
 #ifndef IDEMQ_SOURCE_DIR
@@ -1169,8 +1172,10 @@ Test(config, redact_url)
         {"amqps://user:p%40ss%3Aw@host/vh", "amqps://user:***@host/vh"},
         {"amqp://user:@host", "amqp://user:***@host"},
         {"amqp://:secret@host", "amqp://:***@host"},
-        {"mysql://u:pw@/db?socket=/tmp/a@b.sock", "mysql://u:***@/db?socket=/tmp/a@b.sock"},
-        {"mysql://h/db?socket=/tmp/a@b", "mysql://h/db?socket=/tmp/a@b"},
+        /* An '@' after the user-info is written %40: a raw one is taken as the end of it. */
+        {"mysql://u:pw@/db?socket=/tmp/a%40b.sock", "mysql://u:***@/db?socket=/tmp/a%40b.sock"},
+        {"mysql://u:pw@/db?socket=/tmp/a@b.sock", "mysql://u:***@b.sock"},
+        {"mysql://h/db?socket=/tmp/a@b", "mysql://***@b"},
         /* A raw '/' or '@' inside the password: redact up to the last '@', never leak. */
         {"amqp://user:pa/ss@host/vh", "amqp://user:***@host/vh"},
         {"amqp://user:p@ss@host", "amqp://user:***@host"},
@@ -1536,4 +1541,147 @@ Test(config, log_levels_line_up_with_the_logger)
     cr_assert_eq((int)CONFIG_LOG_INFO, (int)LOG_LEVEL_INFO);
     cr_assert_eq((int)CONFIG_LOG_WARN, (int)LOG_LEVEL_WARN);
     cr_assert_eq((int)CONFIG_LOG_ERROR, (int)LOG_LEVEL_ERROR);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Issue 9: URL user-info, passwords from files, mysql.tls                                      */
+
+/* The two-letter chunks of PASSWORD below: none may appear in a redacted URL or a message. */
+static const char *const secret_chunks[] = {"Sx", "Ky", "Qv", "Zw", "Jm", "Pq", "Rt", "Lb", NULL};
+#define RAW_PASSWORD "Sx@Ky/Qv?Zw#Jm:Pq%Rt[Lb]"
+#define ENCODED_PASSWORD "Sx%40Ky%2FQv%3FZw%23Jm%3APq%25Rt%5BLb%5D"
+
+static void assert_no_secret(const char *text, const char *what)
+{
+    for (size_t i = 0; secret_chunks[i]; i++)
+        cr_assert(!strstr(text, secret_chunks[i]), "%s shows part of the password: %s", what,
+                  text);
+}
+
+static const char *const amqp_schemes[] = {"amqp", "amqps", NULL};
+static const char *const mysql_schemes[] = {"mysql", NULL};
+
+/* The loader, rabbitmq-c's amqp_parse_url, db_dsn_parse and the redaction agree on every URL: the
+ * loader accepts a URL exactly when the parser does, the parser then decodes the password the
+ * test meant, and neither the redaction nor any message shows a part of it. */
+Test(config, url_userinfo_rule_matches_both_parsers_and_redaction)
+{
+    static const struct {
+        const char *password; /* as written in the URL */
+        bool valid;
+        bool amqp_parses;     /* what amqp_parse_url says, when it differs from valid */
+    } cases[] = {
+        {ENCODED_PASSWORD, true, true},
+        {"Sx%40Ky", true, true},
+        {"Sx@Ky", false, false},     /* a second '@' */
+        {"Sx/Ky", false, false},     /* ends the authority for an RFC parser */
+        {"Sx?Ky", false, false},
+        {"Sx#Ky", false, false},
+        {"Sx:Ky", false, false},     /* rabbitmq-c takes "Ky@host" for a port */
+        {"Sx%Ky", false, false},     /* '%' without two hex digits */
+        {"Sx%00Ky", false, true},    /* rabbitmq-c would cut the password short at the NUL */
+        {"Sx[Ky]", false, false},
+        {RAW_PASSWORD, false, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char url[256], copy[256], why[512], redacted[256], err[256];
+        struct amqp_connection_info info;
+        db_dsn dsn;
+
+        snprintf(url, sizeof url, "amqp://idemq:%s@127.0.0.1:5672/%%2f", cases[i].password);
+        int loader = config_check_url(url, amqp_schemes, "amqp://", false, why, sizeof why);
+        snprintf(copy, sizeof copy, "%s", url);
+        int parser = amqp_parse_url(copy, &info);
+        cr_assert_eq(loader == 0, cases[i].valid, "%s: loader %d (%s)", url, loader, why);
+        cr_assert_eq(parser == AMQP_STATUS_OK, cases[i].amqp_parses, "%s: amqp_parse_url %d", url,
+                     parser);
+        if (loader != 0)
+            assert_no_secret(why, "the loader's message");
+        config_redact_url(url, redacted, sizeof redacted);
+        cr_assert_str_eq(redacted, "amqp://idemq:***@127.0.0.1:5672/%2f", "%s", url);
+
+        snprintf(url, sizeof url, "mysql://idemq:%s@127.0.0.1:3306/idemq", cases[i].password);
+        loader = config_check_url(url, mysql_schemes, "mysql://", true, why, sizeof why);
+        parser = db_dsn_parse(url, &dsn, err, sizeof err);
+        cr_assert_eq(loader == 0, cases[i].valid, "%s: loader %d (%s)", url, loader, why);
+        cr_assert_eq(parser == 0, cases[i].valid, "%s: db_dsn_parse %d (%s)", url, parser, err);
+        if (loader != 0) {
+            assert_no_secret(why, "the loader's message");
+            assert_no_secret(err, "db_dsn_parse's message");
+        } else {
+            cr_assert_str_eq(dsn.user, "idemq");
+            cr_assert_str_eq(dsn.host, "127.0.0.1");
+        }
+        config_redact_url(url, redacted, sizeof redacted);
+        cr_assert_str_eq(redacted, "mysql://idemq:***@127.0.0.1:3306/idemq", "%s", url);
+    }
+    /* What the encoded password decodes to, in both parsers. */
+    char amqp_url[] = "amqp://idemq:" ENCODED_PASSWORD "@127.0.0.1:5672/%2f";
+    struct amqp_connection_info info;
+    cr_assert_eq(amqp_parse_url(amqp_url, &info), AMQP_STATUS_OK);
+    cr_assert_str_eq(info.password, RAW_PASSWORD);
+    db_dsn dsn;
+    char err[256];
+    cr_assert_eq(db_dsn_parse("mysql://idemq:" ENCODED_PASSWORD "@127.0.0.1:3306/idemq", &dsn, err,
+                              sizeof err),
+                 0, "%s", err);
+    cr_assert_str_eq(dsn.password, RAW_PASSWORD);
+}
+
+Test(config, redaction_never_shows_a_raw_password)
+{
+    /* The issue's example and its relatives: raw '@' with '/', '?' or '#' in the password. */
+    static const char *const urls[] = {
+        "amqp://idemq:" RAW_PASSWORD "@host/vhost",
+        "amqps://idemq:Sx@Ky/Qv?Zw#Jm@host:5671/%2f",
+        "mysql://idemq:Sx@Ky/Qv?Zw#Jm@host/db?socket=/x",
+        "mysql://idemq:Sx?Ky@host/db",
+        "mysql://Sx/Ky@host/db",               /* '/' before any ':': all of it is hidden */
+        "mysql://h/db?password=Sx@Ky",         /* an '@' in a query */
+        "mysql://h/db?password=SxKy&x=1",
+        "amqp://idemq:Sx#Ky@Qv#Zw@host",
+    };
+    char buf[256];
+    for (size_t i = 0; i < sizeof urls / sizeof urls[0]; i++) {
+        config_redact_url(urls[i], buf, sizeof buf);
+        assert_no_secret(buf, urls[i]);
+        cr_assert(strstr(buf, "***"), "%s -> %s", urls[i], buf);
+    }
+    config_redact_url("amqp://idemq:Sx@Ky/Qv?Zw#Jm@host/vhost", buf, sizeof buf);
+    cr_assert_str_eq(buf, "amqp://idemq:***@host/vhost");
+}
+
+Test(config, url_check_refuses_what_rabbitmq_c_cannot_parse)
+{
+    static const struct {
+        const char *url;
+        bool valid;
+    } cases[] = {
+        {"amqp://h/vh%2Fa", true},
+        {"amqp://h/a/b", false},        /* a raw '/' in the vhost */
+        {"amqp://h/a:b", false},
+        {"amqp://h/vh?heartbeat=5", false}, /* rabbitmq-c takes no query */
+        {"amqp://u:%C3%A9@h/", false},  /* rabbitmq-c refuses %80..%FF */
+        {"mysql://u:%C3%A9@h/db", true}, /* db_dsn_parse takes them */
+        {"mysql://u:pw@h/db?socket=/run/a%40b.sock", true},
+        {"mysql://u:pw@h/db?socket=/run/a@b.sock", false},
+    };
+    char why[512], copy[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool amqp = strncmp(cases[i].url, "amqp", 4) == 0;
+        int rc = config_check_url(cases[i].url, amqp ? amqp_schemes : mysql_schemes,
+                                  amqp ? "amqp://" : "mysql://", !amqp, why, sizeof why);
+        cr_assert_eq(rc == 0, cases[i].valid, "%s: %d (%s)", cases[i].url, rc, why);
+        if (amqp) {
+            struct amqp_connection_info info;
+            snprintf(copy, sizeof copy, "%s", cases[i].url);
+            cr_assert_eq(amqp_parse_url(copy, &info) == AMQP_STATUS_OK, cases[i].valid, "%s",
+                         cases[i].url);
+        } else {
+            db_dsn dsn;
+            char err[256];
+            cr_assert_eq(db_dsn_parse(cases[i].url, &dsn, err, sizeof err) == 0, cases[i].valid,
+                         "%s: %s", cases[i].url, err);
+        }
+    }
 }
