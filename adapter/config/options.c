@@ -7,6 +7,8 @@
 
 #include "config/config.h"
 #include "config/consumers.h"
+#include "config/mysql_tls.h"
+#include "config/secrets.h"
 #include "config/url.h"
 
 _Static_assert(sizeof(config_log_level) == sizeof(int), "enums are stored as int");
@@ -38,6 +40,10 @@ static const opt amqp_table[] = {
      .help = "AMQP heartbeat interval; 0 turns heartbeats off"},
     {.name = "max_body", .type = OPT_SIZE, .offset = offsetof(config, max_body), .min = 1024,
      .max = 64u << 20, .def = "1MiB", .help = "largest message body accepted"},
+    {.name = "password_file", .type = OPT_STRING, .offset = offsetof(config, amqp_password_file),
+     .env = "IDEMQ_AMQP_PASSWORD_FILE", .check = config_check_secret_path,
+     .help = "file holding the broker password (as is, one trailing newline stripped); "
+             "overrides the URL's"},
     {0},
 };
 
@@ -47,6 +53,12 @@ static const opt mysql_table[] = {
      .help = "database URL, mysql://user:password@host:port/db[?socket=/path]"},
     {.name = "workers", .type = OPT_UINT, .offset = offsetof(config, workers), .min = 1,
      .max = 256, .def = "4", .help = "database worker threads, one connection each"},
+    {.name = "password_file", .type = OPT_STRING, .offset = offsetof(config, mysql_password_file),
+     .env = "IDEMQ_MYSQL_PASSWORD_FILE", .check = config_check_secret_path,
+     .help = "file holding the database password (as is, one trailing newline stripped); "
+             "overrides the URL's"},
+    {.name = "tls", .type = OPT_SECTION, .section = config_mysql_tls_table,
+     .help = "TLS to MySQL"},
     {0},
 };
 

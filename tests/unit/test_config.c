@@ -506,7 +506,7 @@ Test(config, unknown_keys_suggest_or_list)
     cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
     assert_error(r, LINE_A,
                  "unknown key 'amqp.completely_different' (known keys in amqp: url, "
-                 "prefetch, heartbeat, max_body)");
+                 "prefetch, heartbeat, max_body"); /* more may follow */
     result_free(&r);
 }
 
@@ -1684,4 +1684,181 @@ Test(config, url_check_refuses_what_rabbitmq_c_cannot_parse)
                          "%s: %s", cases[i].url, err);
         }
     }
+}
+
+static void write_secret(const char *name, const char *content, size_t len, char *path,
+                         size_t path_len)
+{
+    snprintf(path, path_len, "%s/%s", tmpdir, name);
+    write_text(path, content, len);
+}
+
+Test(config, password_files_are_read_at_load)
+{
+    char amqp_pw[300], mysql_pw[300], yaml[1024];
+    unsetenv("IDEMQ_AMQP_PASSWORD_FILE");
+    unsetenv("IDEMQ_MYSQL_PASSWORD_FILE");
+    write_secret("amqp", RAW_PASSWORD "\n", strlen(RAW_PASSWORD) + 1, amqp_pw, sizeof amqp_pw);
+    write_secret("mysql", "  spaced out \r\n", 15, mysql_pw, sizeof mysql_pw);
+    snprintf(yaml, sizeof yaml, "password_file: %s", amqp_pw);
+    char m[400];
+    snprintf(m, sizeof m, "password_file: \"%s\"", mysql_pw);
+    result r = load_slots(yaml, m, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->amqp_password, RAW_PASSWORD);
+    cr_assert_str_eq(r.cfg->mysql_password, "  spaced out ");
+    cr_assert_str_eq(r.cfg->mysql_password_file, mysql_pw);
+    result_free(&r);
+
+    /* No file: no password from one, the URL's stays. */
+    r = load_slots(NULL, NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_null(r.cfg->amqp_password);
+    cr_assert_null(r.cfg->mysql_password);
+    result_free(&r);
+}
+
+Test(config, password_file_environment_wins_like_the_urls)
+{
+    char file_pw[300], env_pw[300], yaml[400];
+    write_secret("file", "from-file", 9, file_pw, sizeof file_pw);
+    write_secret("env", "from-env\n", 9, env_pw, sizeof env_pw);
+    setenv("IDEMQ_MYSQL_PASSWORD_FILE", env_pw, 1);
+    setenv("IDEMQ_AMQP_PASSWORD_FILE", env_pw, 1);
+    snprintf(yaml, sizeof yaml, "password_file: %s", file_pw);
+    result r = load_slots(yaml, yaml, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->mysql_password, "from-env");
+    cr_assert_str_eq(r.cfg->amqp_password, "from-env");
+    cr_assert_str_eq(r.cfg->amqp_password_file, env_pw);
+    result_free(&r);
+
+    /* A bad file named by the environment is reported under the variable's name. */
+    setenv("IDEMQ_MYSQL_PASSWORD_FILE", "/nonexistent/idemq-secret", 1);
+    unsetenv("IDEMQ_AMQP_PASSWORD_FILE");
+    r = load_slots(NULL, NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 0,
+                 "IDEMQ_MYSQL_PASSWORD_FILE (overrides mysql.password_file): cannot read the "
+                 "password file '/nonexistent/idemq-secret': No such file or directory");
+    result_free(&r);
+    unsetenv("IDEMQ_MYSQL_PASSWORD_FILE");
+}
+
+Test(config, bad_password_files_are_errors_at_their_line)
+{
+    char empty[300], newline[300], two_lines[300], big[300], text[400];
+    unsetenv("IDEMQ_AMQP_PASSWORD_FILE");
+    unsetenv("IDEMQ_MYSQL_PASSWORD_FILE");
+    write_secret("empty", "", 0, empty, sizeof empty);
+    write_secret("newline", "\n", 1, newline, sizeof newline);
+    write_secret("two", "Sx\nKy\n", 6, two_lines, sizeof two_lines);
+    static char long_password[1100];
+    memset(long_password, 'a', 1025);
+    write_secret("big", long_password, 1025, big, sizeof big);
+    const struct {
+        const char *path, *error;
+    } cases[] = {
+        {empty, "is empty"},
+        {newline, "is empty"},
+        {two_lines, "holds control characters or more than one line"},
+        {big, "is longer than 1024 bytes"},
+        {tmpdir, "is a directory"},
+        {"/nonexistent/x", "cannot read the password file '/nonexistent/x': No such file"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(text, sizeof text, "password_file: %s", cases[i].path);
+        result r = load_slots(NULL, text, NULL, NULL, NULL);
+        cr_assert_eq(r.rc, -1, "%s: errors:\n%s", cases[i].path, r.errs);
+        assert_error(r, LINE_M, "mysql.password_file: ");
+        assert_error(r, LINE_M, cases[i].error);
+        assert_no_secret(r.errs, "a password file error");
+        result_free(&r);
+        r = load_slots(text, NULL, NULL, NULL, NULL);
+        assert_error(r, LINE_A, "amqp.password_file: ");
+        assert_error(r, LINE_A, cases[i].error);
+        result_free(&r);
+    }
+    /* The largest password that fits, with its newline. */
+    memset(long_password, 'b', 1024);
+    long_password[1024] = '\n';
+    write_secret("fits", long_password, 1025, big, sizeof big);
+    snprintf(text, sizeof text, "password_file: %s", big);
+    result r = load_slots(NULL, text, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(strlen(r.cfg->mysql_password), 1024);
+    result_free(&r);
+}
+
+Test(config, mysql_tls_defaults_to_preferred_and_takes_every_mode)
+{
+    result r = load_slots(NULL, NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->mysql_tls.mode, CONFIG_MYSQL_TLS_PREFERRED);
+    cr_assert_null(r.cfg->mysql_tls.ca_file);
+    result_free(&r);
+
+    static const struct {
+        const char *word;
+        config_mysql_tls_mode mode;
+    } modes[] = {{"disabled", CONFIG_MYSQL_TLS_DISABLED},
+                 {"preferred", CONFIG_MYSQL_TLS_PREFERRED},
+                 {"required", CONFIG_MYSQL_TLS_REQUIRED},
+                 {"verify_ca", CONFIG_MYSQL_TLS_VERIFY_CA},
+                 {"verify_identity", CONFIG_MYSQL_TLS_VERIFY_IDENTITY}};
+    char text[1200], ca[300], cert[300], key[300];
+    write_secret("ca.pem", "x", 1, ca, sizeof ca);
+    write_secret("client.pem", "x", 1, cert, sizeof cert);
+    write_secret("client.key", "x", 1, key, sizeof key);
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        snprintf(text, sizeof text, "tls: {mode: %s}", modes[i].word);
+        r = load_slots(NULL, text, NULL, NULL, NULL);
+        cr_assert_eq(r.rc, 0, "%s: errors:\n%s", modes[i].word, r.errs);
+        cr_assert_eq(r.cfg->mysql_tls.mode, modes[i].mode);
+        result_free(&r);
+    }
+    snprintf(text, sizeof text, "tls: {mode: verify_identity, ca_file: %s, cert_file: %s, "
+                                "key_file: %s}",
+             ca, cert, key);
+    r = load_slots(NULL, text, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->mysql_tls.ca_file, ca);
+    cr_assert_str_eq(r.cfg->mysql_tls.cert_file, cert);
+    cr_assert_str_eq(r.cfg->mysql_tls.key_file, key);
+    result_free(&r);
+    /* A client certificate with preferred or required (servers that require X509). */
+    snprintf(text, sizeof text, "tls: {mode: required, cert_file: %s, key_file: %s}", cert, key);
+    r = load_slots(NULL, text, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    result_free(&r);
+}
+
+Test(config, mysql_tls_combinations_are_checked_at_their_line)
+{
+    char ca[300], cert[300];
+    write_secret("ca.pem", "x", 1, ca, sizeof ca);
+    write_secret("client.pem", "x", 1, cert, sizeof cert);
+    char t[6][600];
+    snprintf(t[0], sizeof t[0], "tls: {mode: required, ca_file: %s}", ca);
+    snprintf(t[1], sizeof t[1], "tls: {mode: preferred, ca_file: %s}", ca);
+    snprintf(t[2], sizeof t[2], "tls: {mode: disabled, ca_file: %s}", ca);
+    snprintf(t[3], sizeof t[3], "tls: {mode: verify_ca, cert_file: %s}", cert);
+    snprintf(t[4], sizeof t[4], "tls: {mode: disabled, key_file: %s}", cert);
+    snprintf(t[5], sizeof t[5], "tls: {mode: verify_ca, ca_file: %s/missing.pem}", tmpdir);
+    const slot_case cases[] = {
+        {'M', t[0], "mysql.tls.ca_file is only used by mode verify_ca or verify_identity; mode "
+                    "required does not check the server's certificate"},
+        {'M', t[1], "mode preferred does not check the server's certificate"},
+        {'M', t[2], "mysql.tls.ca_file is not used with mode disabled"},
+        {'M', t[3], "mysql.tls.cert_file needs mysql.tls.key_file too"},
+        {'M', t[4], "mysql.tls.key_file is not used with mode disabled"},
+        {'M', t[5], "mysql.tls.ca_file: cannot read '"},
+        {'M', "tls: {mode: verify}", "mysql.tls.mode: 'verify' is not one of: disabled, "
+                                     "preferred, required, verify_ca, verify_identity"},
+        {'M', "tls: {mode: verify_ca, ca_fil: /x}",
+         "unknown key 'mysql.tls.ca_fil' (did you mean 'mysql.tls.ca_file'?)"},
+        {'M', "tls: verify_identity", "mysql.tls: expected a mapping, got a string"},
+        {'M', "tls: {mode: verify_identity}", NULL}, /* the system trust store */
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
 }
