@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <mysql.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "broker/connection.h"
 #include "broker/topology.h"
@@ -96,15 +97,29 @@ static int check_plugins(const config *cfg)
     return rc;
 }
 
+/* The connection every one-shot command makes: the URL, mysql.password_file and mysql.tls. */
+static MYSQL *connect_database(const config *cfg, char *err, size_t err_len)
+{
+    db_dsn dsn;
+    if (db_dsn_from_config(cfg, &dsn, err, err_len) != 0)
+        return NULL;
+    MYSQL *db = db_connect(&dsn, NULL, err, err_len);
+    explicit_bzero(dsn.password, sizeof dsn.password);
+    return db;
+}
+
 static int check_database(const config *cfg)
 {
-    char err[1024], redacted[512];
+    char err[1024], redacted[512], tls[160];
     config_redact_url(cfg->mysql_url, redacted, sizeof redacted);
-    MYSQL *db = db_connect_url(cfg->mysql_url, err, sizeof err);
+    MYSQL *db = connect_database(cfg, err, sizeof err);
     if (!db) {
         fprintf(stderr, "mysql   FAIL %s: %s\n", redacted, err);
         return 1;
     }
+    printf("mysql   tls  %s (mysql.tls.mode %s)%s\n", db_describe_tls(db, tls, sizeof tls),
+           db_tls_mode_name((db_tls_mode)cfg->mysql_tls.mode),
+           cfg->mysql_password ? "; password from mysql.password_file" : "");
     int rc = 0;
     if (mysql_query(db, "SELECT 1 FROM msg_dedup LIMIT 0") != 0) {
         fprintf(stderr, "mysql   FAIL %s: table msg_dedup is not usable (%s); run `idemq migrate`\n",
@@ -164,7 +179,7 @@ int cli_check(const config *cfg)
 int cli_migrate(const config *cfg)
 {
     char err[1024];
-    MYSQL *db = db_connect_url(cfg->mysql_url, err, sizeof err);
+    MYSQL *db = connect_database(cfg, err, sizeof err);
     if (!db) {
         fprintf(stderr, "idemq migrate: %s\n", err);
         return 1;

@@ -8,6 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/config.h"
+#include "config/secrets.h"
+
+_Static_assert(CONFIG_SECRET_MAX <= DB_PASSWORD_MAX, "a password file must fit db_dsn.password");
+_Static_assert((int)DB_TLS_VERIFY_IDENTITY == (int)CONFIG_MYSQL_TLS_VERIFY_IDENTITY &&
+                   (int)DB_TLS_DISABLED == (int)CONFIG_MYSQL_TLS_DISABLED &&
+                   (int)DB_TLS_PREFERRED == (int)CONFIG_MYSQL_TLS_PREFERRED &&
+                   (int)DB_TLS_REQUIRED == (int)CONFIG_MYSQL_TLS_REQUIRED &&
+                   (int)DB_TLS_VERIFY_CA == (int)CONFIG_MYSQL_TLS_VERIFY_CA,
+               "db_tls_mode follows config_mysql_tls_mode");
+
 static int hex_value(char c)
 {
     if (c >= '0' && c <= '9')
@@ -126,5 +137,26 @@ int db_dsn_parse(const char *url, db_dsn *dsn, char *err, size_t err_len)
         }
         p += len;
     }
+    return 0;
+}
+
+int db_dsn_from_config(const config *cfg, db_dsn *dsn, char *err, size_t err_len)
+{
+    if (db_dsn_parse(cfg->mysql_url, dsn, err, err_len) != 0)
+        return -1;
+    if (cfg->mysql_password) {
+        size_t n = strlen(cfg->mysql_password);
+        if (n >= sizeof dsn->password) {
+            snprintf(err, err_len, "mysql.password_file: the password is too long");
+            return -1;
+        }
+        memcpy(dsn->password, cfg->mysql_password, n + 1);
+    }
+    dsn->tls = (db_tls){
+        .mode = (db_tls_mode)cfg->mysql_tls.mode,
+        .ca_file = cfg->mysql_tls.ca_file,
+        .cert_file = cfg->mysql_tls.cert_file,
+        .key_file = cfg->mysql_tls.key_file,
+    };
     return 0;
 }

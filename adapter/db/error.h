@@ -47,6 +47,11 @@ apply_status db_error_classify(unsigned int error_number);
  * lost connection, a read-only server): they are reported louder. */
 bool db_error_is_schema(unsigned int error_number);
 
+/* True for CR_SSL_CONNECTION_ERROR, which db_connect also reports for the TLS mismatches it finds
+ * (db/connect.h): a certificate that is not trusted or names another host, TLS required on one
+ * side and off on the other. Like a schema error it needs a person, not time. */
+bool db_error_is_tls(unsigned int error_number);
+
 /* Copies the last error of db (borrowed) into *out. */
 void db_error_of_connection(MYSQL *db, db_error *out);
 
