@@ -83,8 +83,9 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
     amqp_set_handshake_timeout(conn, &handshake_timeout);
     amqp_set_rpc_timeout(conn, &rpc_timeout);
     int heartbeat_s = (int)((opts->heartbeat_ms + 999) / 1000);
+    const char *password = opts->password ? opts->password : info.password;
     amqp_rpc_reply_t reply = amqp_login(conn, info.vhost, 0, 131072, heartbeat_s,
-                                        AMQP_SASL_METHOD_PLAIN, info.user, info.password);
+                                        AMQP_SASL_METHOD_PLAIN, info.user, password);
     if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
         broker_describe_reply(reply, reason, sizeof reason);
         snprintf(err, err_len, "RabbitMQ at %s:%d refused login as '%s' to vhost '%s': %s",
@@ -123,6 +124,7 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
 out:
     if (conn)
         amqp_destroy_connection(conn);
+    explicit_bzero(url, strlen(opts->url)); /* amqp_parse_url decoded the password in place */
     free(url);
     return rc;
 }

@@ -32,6 +32,8 @@ typedef struct broker_open_options {
     uint64_t heartbeat_ms;      /* 0 disables heartbeats */
     unsigned prefetch;          /* 0: no basic.qos */
     int confirms;               /* non-zero: confirm.select on the channel */
+    const char *password;       /* amqp.password_file's content, in place of the URL's password;
+                                   NULL: the URL's. Borrowed. */
 } broker_open_options;
 
 /* Opens a connection and channel BROKER_CHANNEL. Returns 0 and sets *out (returned owned), or

@@ -287,6 +287,7 @@ static int connect_and_setup(broker_session *s, char *err, size_t err_len)
         .prefetch = s->cfg->prefetch,
         .confirms = 1,
     };
+    opts.password = s->cfg->amqp_password;
     int rc = broker_open(&opts, &s->conn, err, err_len);
     if (rc != 0)
         return BROKER_E_FAILED;

@@ -149,11 +149,13 @@ static int check_broker(const config *cfg)
     config_redact_url(cfg->amqp_url, redacted, sizeof redacted);
     amqp_connection_state_t conn;
     broker_open_options opts = {.url = cfg->amqp_url, .heartbeat_ms = 0};
+    opts.password = cfg->amqp_password;
     if (broker_open(&opts, &conn, err, sizeof err) != 0) {
         fprintf(stderr, "amqp    FAIL %s: %s\n", redacted, err);
         return 1;
     }
-    printf("amqp    ok   %s\n", redacted);
+    printf("amqp    ok   %s%s\n", redacted,
+           cfg->amqp_password ? " (password from amqp.password_file)" : "");
     broker_close(conn);
     return 0;
 }
@@ -203,6 +205,7 @@ int cli_topology(const config *cfg, bool dry_run)
     char err[2048];
     amqp_connection_state_t conn;
     broker_open_options opts = {.url = cfg->amqp_url};
+    opts.password = cfg->amqp_password;
     if (broker_open(&opts, &conn, err, sizeof err) != 0) {
         fprintf(stderr, "idemq topology: %s\n", err);
         return 1;

@@ -539,6 +539,7 @@ int cli_dlq(const config *cfg, const dlq_options *opts)
     pass p = {.cfg = cfg, .c = c, .opts = opts};
     topology_dead_letter_queue(c, p.dlq, sizeof p.dlq);
     broker_open_options open_opts = {.url = cfg->amqp_url, .confirms = opts->action != DLQ_PURGE};
+    open_opts.password = cfg->amqp_password;
     if (broker_open(&open_opts, &p.conn, err, sizeof err) != 0) {
         fprintf(stderr, "idemq dlq: %s\n", err);
         return 1;
