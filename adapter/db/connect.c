@@ -118,7 +118,28 @@ static void describe_ca(const db_tls *tls, const char *ca, char *buf, size_t len
         snprintf(buf, len, "the system trust store %s", ca ? ca : "(none found)");
 }
 
-/* The one-line report of a CR_SSL_CONNECTION_ERROR, by what the library says went wrong. */
+/*
+ * Whether a CR_SSL_CONNECTION_ERROR at connect is a setup problem (DB_ERROR_TLS_SETUP) rather
+ * than a connection that broke during the handshake (the server restarting: OpenSSL's "unexpected
+ * eof", a reset), which is an outage. Connector/C gives only text: OpenSSL's verification
+ * results all say "certificate" (not trusted, expired, self-signed, wrong purpose), an alert from
+ * the server says "alert" (it refused our certificate), Connector/C's own checks say "SSL is
+ * required" and "Validation of SSL server certificate", and a bad client key or PEM file says
+ * "key", "PEM", "no start line" or "not found".
+ */
+static bool tls_setup_failure(const char *text)
+{
+    static const char *const words[] = {"certificate", "alert", "SSL is required", "key",
+                                        "PEM", "no start line", "not found", "Validation",
+                                        "wrong version number", "unsupported protocol",
+                                        "no protocols available", NULL};
+    for (size_t i = 0; words[i]; i++)
+        if (strstr(text, words[i]))
+            return true;
+    return false;
+}
+
+/* The one-line report of a TLS setup failure, by what the library says went wrong. */
 static void describe_tls_failure(const db_dsn *dsn, const char *ca, const char *text,
                                  const char *where, char *err, size_t err_len)
 {
@@ -176,14 +197,15 @@ MYSQL *db_connect(const db_dsn *dsn, unsigned *error_number, char *err, size_t e
                      "mysql.tls.ca_file (no system trust store found: SSL_CERT_FILE, "
                      "/etc/ssl/certs/ca-certificates.crt, /etc/pki/tls/certs/ca-bundle.crt)",
                      where, db_tls_mode_name(tls->mode));
-            *error_number = CR_SSL_CONNECTION_ERROR;
+            *error_number = DB_ERROR_TLS_SETUP;
             return NULL;
         }
     }
     MYSQL *db = open_connection(dsn, tls->mode, ca, &failure);
     if (!db) {
         *error_number = failure.number;
-        if (failure.number == CR_SSL_CONNECTION_ERROR) {
+        if (failure.number == CR_SSL_CONNECTION_ERROR && tls_setup_failure(failure.message)) {
+            *error_number = DB_ERROR_TLS_SETUP;
             describe_tls_failure(dsn, ca, failure.message, where, err, err_len);
             return NULL;
         }
@@ -199,7 +221,7 @@ MYSQL *db_connect(const db_dsn *dsn, unsigned *error_number, char *err, size_t e
                 mysql_close(probe);
         }
         if (insecure_refused) {
-            *error_number = CR_SSL_CONNECTION_ERROR;
+            *error_number = DB_ERROR_TLS_SETUP;
             snprintf(err, err_len,
                      "MySQL at %s: TLS: the server requires TLS (require_secure_transport) but "
                      "mysql.tls.mode is disabled: set mode: verify_identity (with ca_file), or "
@@ -213,7 +235,7 @@ MYSQL *db_connect(const db_dsn *dsn, unsigned *error_number, char *err, size_t e
     }
     if (tls->mode >= DB_TLS_REQUIRED && !mysql_get_ssl_cipher(db)) {
         /* Connector/C 3.3 falls back to plaintext unless it verifies the host name. */
-        *error_number = CR_SSL_CONNECTION_ERROR;
+        *error_number = DB_ERROR_TLS_SETUP;
         snprintf(err, err_len,
                  "MySQL at %s: TLS: the server does not offer TLS, but mysql.tls.mode is %s: give "
                  "the server ssl_cert and ssl_key, or set mode: preferred",

@@ -23,12 +23,13 @@
  *   verify_identity  the same and VERIFY_SERVER_CERT: the certificate must name the URL's host
  *                    (subjectAltName DNS or IP, X509_check_host / X509_check_ip_asc).
  * cert_file and key_file (MYSQL_OPT_SSL_CERT/KEY) are sent with every mode but disabled. A TLS
- * failure is one line naming the server, the mode, the files and what did not match, with the
- * error number CR_SSL_CONNECTION_ERROR (db_error_is_tls), including the two mismatches found
+ * setup failure is one line naming the server, the mode, the files and what did not match,
+ * with the error number DB_ERROR_TLS_SETUP (db/error.h), including the two mismatches found
  * here: the server offers no TLS but the mode requires it, and the server requires TLS
  * (require_secure_transport) but the mode is disabled. MariaDB refuses the latter with a plain
  * 1045 "access denied"; on that error with mode disabled db_connect tries once more with TLS,
- * and when that login works the mismatch is certain.
+ * and when that login works the mismatch is certain. A handshake the network broke stays a
+ * connection failure (CR_SSL_CONNECTION_ERROR: an outage).
  *
  * mysql_library_init is not thread-safe and must run before any thread uses the client library:
  * db_library_init runs it exactly once, and whoever starts threads that connect calls it first.

@@ -138,10 +138,11 @@ static void on_probe_done(store_job *job)
         resume_consuming(o);
         return;
     }
+    bool was_tls = o->for_tls;
     set_reason(o, job);
     if (o->for_tls)
-        log_error(LOG_NO_CONTEXT, "TLS error persists (probe %u): %s", o->probe_attempt,
-                  job->error);
+        log_error(LOG_NO_CONTEXT, "TLS error %s (probe %u): %s",
+                  was_tls ? "persists" : "while paused", o->probe_attempt, job->error);
     else if (o->for_schema)
         log_error(LOG_NO_CONTEXT, "schema error persists (probe %u): %s", o->probe_attempt,
                   job->error);
