@@ -392,8 +392,9 @@ static int check_database_at_start(const config *cfg)
         return EXIT_USAGE;
     }
     if (!db) {
-        log_warn(LOG_NO_CONTEXT, "MySQL is not reachable at start (%s); consumption pauses at "
-                                 "the first message until it is",
+        log_warn(LOG_NO_CONTEXT,
+                 "MySQL at start: %s; consumption pauses at the first message until a "
+                 "connection works",
                  err);
         return 0;
     }
