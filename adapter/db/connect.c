@@ -98,9 +98,8 @@ static MYSQL *open_connection(const db_dsn *dsn, db_tls_mode mode, const char *c
     mysql_options(db, MYSQL_SET_CHARSET_NAME, "utf8mb4");
     apply_tls(db, &dsn->tls, mode, ca);
     const char *host = dsn->socket[0] ? "localhost" : dsn->host;
-    if (!mysql_real_connect(db, host, dsn->user[0] ? dsn->user : NULL, dsn->password,
-                            dsn->database, dsn->port, dsn->socket[0] ? dsn->socket : NULL,
-                            CLIENT_FOUND_ROWS)) {
+    if (!mysql_real_connect(db, host, dsn->user[0] ? dsn->user : NULL, dsn->password, dsn->database,
+                            dsn->port, dsn->socket[0] ? dsn->socket : NULL, CLIENT_FOUND_ROWS)) {
         db_error_of_connection(db, failure);
         mysql_close(db);
         return NULL;
@@ -129,10 +128,18 @@ static void describe_ca(const db_tls *tls, const char *ca, char *buf, size_t len
  */
 static bool tls_setup_failure(const char *text)
 {
-    static const char *const words[] = {"certificate", "alert", "SSL is required", "key",
-                                        "PEM", "no start line", "not found", "Validation",
-                                        "wrong version number", "unsupported protocol",
-                                        "no protocols available", NULL};
+    static const char *const words[] = {"certificate",
+                                        "alert",
+                                        "SSL is required",
+                                        "key",
+                                        "PEM",
+                                        "no start line",
+                                        "not found",
+                                        "Validation",
+                                        "wrong version number",
+                                        "unsupported protocol",
+                                        "no protocols available",
+                                        NULL};
     for (size_t i = 0; words[i]; i++)
         if (strstr(text, words[i]))
             return true;

@@ -27,9 +27,8 @@
 #define WRONG_RAW "Yv@3/Lp?8#Qn:%2"
 
 /* What must never be printed: the passwords whole, encoded, and pieces of them. */
-static const char *const secrets[] = {RAW,    ENCODED, "Zq@7",  "Kx?9",    "#Wm:",
-                                      "Zq%40", "%2FKx", "Wm%3A", WRONG_RAW, "Yv@3",
-                                      "Lp?8",  "#Qn:",  NULL};
+static const char *const secrets[] = {RAW,     ENCODED,   "Zq@7", "Kx?9", "#Wm:", "Zq%40", "%2FKx",
+                                      "Wm%3A", WRONG_RAW, "Yv@3", "Lp?8", "#Qn:", NULL};
 
 static harness_fixture F;
 static char user[64];
@@ -94,8 +93,8 @@ static void setup(const char *name)
 
 /* Rewrites the amqp and mysql lines: userinfo before the '@' of each URL (e.g. "u:pw" or "u"),
  * extra YAML after each url (e.g. ", password_file: /x"). */
-static void use_login(const char *amqp_userinfo, const char *amqp_extra,
-                      const char *mysql_userinfo, const char *mysql_extra)
+static void use_login(const char *amqp_userinfo, const char *amqp_extra, const char *mysql_userinfo,
+                      const char *mysql_extra)
 {
     char rest[512], line[2048];
     after_at(env("IDEMQ_TEST_AMQP_URL"), true, rest, sizeof rest);
@@ -125,8 +124,7 @@ static const char *password_file(const char *name, const char *text)
 static void assert_no_secret(const char *text, const char *what)
 {
     for (size_t i = 0; secrets[i]; i++)
-        cr_assert(!text || !strstr(text, secrets[i]), "%s shows '%s':\n%s", what, secrets[i],
-                  text);
+        cr_assert(!text || !strstr(text, secrets[i]), "%s shows '%s':\n%s", what, secrets[i], text);
 }
 
 static char *read_all(const char *path)
@@ -188,8 +186,7 @@ static void run_events(void)
     cr_assert(harness_wait_scalar(&F.h, ORDERS, DEADLINE_MS, "SELECT COUNT(*) FROM msg_dedup"));
     cr_assert(harness_wait_log(&F.h, "\"outcome\":\"deduped\"", ORDERS, DEADLINE_MS));
     harness_stop_idemq(&F.daemon);
-    cr_expect_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"),
-                 ORDERS);
+    cr_expect_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), ORDERS);
     assert_log_has_no_secret();
 }
 

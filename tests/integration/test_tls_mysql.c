@@ -37,14 +37,13 @@
 #define OUT_DEDUPED "\"outcome\":\"deduped\""
 
 static harness_fixture F;
-static char plain_url[512];   /* IDEMQ_TEST_MYSQL_URL: the plaintext server */
-static char x509_user[64];    /* an account this test created on the TLS server, or "" */
+static char plain_url[512]; /* IDEMQ_TEST_MYSQL_URL: the plaintext server */
+static char x509_user[64];  /* an account this test created on the TLS server, or "" */
 
 static void tls_fini(void)
 {
     if (x509_user[0] && F.ready) {
-        harness_sql(&F.h, "DROP USER IF EXISTS '%s'@'localhost', '%s'@'%%'", x509_user,
-                    x509_user);
+        harness_sql(&F.h, "DROP USER IF EXISTS '%s'@'localhost', '%s'@'%%'", x509_user, x509_user);
         x509_user[0] = '\0';
     }
     harness_fixture_fini(&F);
@@ -55,8 +54,9 @@ TestSuite(tls_mysql, .fini = tls_fini);
 static const char *env(const char *name)
 {
     const char *v = getenv(name);
-    cr_assert(v && *v, "%s is not set: scripts/services start (the TLS MariaDB) writes it to "
-                       ".state/env",
+    cr_assert(v && *v,
+              "%s is not set: scripts/services start (the TLS MariaDB) writes it to "
+              ".state/env",
               name);
     return v;
 }
@@ -76,8 +76,7 @@ static unsigned tls_port(void)
 {
     db_dsn dsn;
     char err[256];
-    cr_assert(db_dsn_parse(env("IDEMQ_TEST_MYSQL_TLS_URL"), &dsn, err, sizeof err) == 0, "%s",
-              err);
+    cr_assert(db_dsn_parse(env("IDEMQ_TEST_MYSQL_TLS_URL"), &dsn, err, sizeof err) == 0, "%s", err);
     return dsn.port;
 }
 
@@ -99,8 +98,8 @@ static void setup(const char *name, const harness_options *opts)
 static void use_server(const char *userinfo, const char *host, const char *tls)
 {
     char line[4096];
-    snprintf(line, sizeof line, "mysql: {url: \"mysql://%s@%s:%u/%s\", workers: 4%s%s}",
-             userinfo, host, tls_port(), F.h.database, tls ? ", tls: " : "", tls ? tls : "");
+    snprintf(line, sizeof line, "mysql: {url: \"mysql://%s@%s:%u/%s\", workers: 4%s%s}", userinfo,
+             host, tls_port(), F.h.database, tls ? ", tls: " : "", tls ? tls : "");
     harness_config_replace_line(&F.h, "mysql: ", line);
 }
 
@@ -246,8 +245,8 @@ Test(tls_mysql, check_prints_the_tls_version_and_cipher, .timeout = 90)
     rc = run_cli("check", &out);
     cr_assert_eq(rc, 0, "idemq check exited %d:\n%s", rc, out);
     line = line_with(out, "mysql   tls  ");
-    cr_assert(line && strstr(line, ", cipher ") && strstr(line, "(mysql.tls.mode preferred)"),
-              "%s", out);
+    cr_assert(line && strstr(line, ", cipher ") && strstr(line, "(mysql.tls.mode preferred)"), "%s",
+              out);
     free(out);
 
     /* ...and still works with a server that offers none (the plaintext MariaDB). */
@@ -334,12 +333,13 @@ Test(tls_mysql, a_client_certificate_logs_in_an_account_that_requires_x509, .tim
     harness_sql(&F.h, "CREATE USER '%s'@'localhost' IDENTIFIED BY 'x509pw' REQUIRE X509",
                 x509_user);
     harness_sql(&F.h, "CREATE USER '%s'@'%%' IDENTIFIED BY 'x509pw' REQUIRE X509", x509_user);
-    harness_sql(&F.h, "GRANT ALL ON `%s`.* TO '%s'@'localhost', '%s'@'%%'", F.h.database,
-                x509_user, x509_user);
+    harness_sql(&F.h, "GRANT ALL ON `%s`.* TO '%s'@'localhost', '%s'@'%%'", F.h.database, x509_user,
+                x509_user);
     char userinfo[128], tls[2048];
     snprintf(userinfo, sizeof userinfo, "%s:x509pw", x509_user);
-    snprintf(tls, sizeof tls, "{mode: verify_identity, ca_file: \"%s\", cert_file: \"%s\", "
-                              "key_file: \"%s\"}",
+    snprintf(tls, sizeof tls,
+             "{mode: verify_identity, ca_file: \"%s\", cert_file: \"%s\", "
+             "key_file: \"%s\"}",
              tls_file("ca.pem"), tls_file("client.pem"), tls_file("client.key"));
     use_server(userinfo, "127.0.0.1", tls);
     char *out = NULL;
@@ -356,9 +356,9 @@ Test(tls_mysql, a_client_certificate_logs_in_an_account_that_requires_x509, .tim
 
 typedef struct ready_wait {
     int port;
-    int status;             /* of /readyz */
-    const char *needle;     /* in its body, unless NULL */
-    long long paused_tls;   /* idemq_paused{reason="tls"} */
+    int status;           /* of /readyz */
+    const char *needle;   /* in its body, unless NULL */
+    long long paused_tls; /* idemq_paused{reason="tls"} */
     char body[1024];
 } ready_wait;
 
