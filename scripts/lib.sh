@@ -6,6 +6,7 @@
 #   IDEMQ_AMQP_PORT           AMQP listener on 127.0.0.1            (default 5672)
 #   IDEMQ_AMQPS_PORT          its TLS listener, 127.0.0.1           (default AMQP port - 1: 5671)
 #   IDEMQ_MYSQL_PORT          MariaDB listener on 127.0.0.1         (default 3306)
+#   IDEMQ_MYSQL_TLS_PORT      the TLS-only MariaDB, 127.0.0.1 and 127.0.0.2 (default 3307)
 #   IDEMQ_RABBITMQ_DIST_PORT  Erlang distribution port, 127.0.0.1   (default AMQP port + 20000)
 #   IDEMQ_RABBITMQ_NODE       RabbitMQ node name                    (default rabbit@localhost)
 #   IDEMQ_AMQP4_PORT          AMQP listener of RabbitMQ 4.x         (default 5674)
@@ -38,6 +39,7 @@ ENV_FILE=$STATE_DIR/env
 IDEMQ_AMQP_PORT=${IDEMQ_AMQP_PORT:-5672}
 IDEMQ_AMQPS_PORT=${IDEMQ_AMQPS_PORT:-$((IDEMQ_AMQP_PORT - 1))}
 IDEMQ_MYSQL_PORT=${IDEMQ_MYSQL_PORT:-3306}
+IDEMQ_MYSQL_TLS_PORT=${IDEMQ_MYSQL_TLS_PORT:-3307}
 IDEMQ_RABBITMQ_DIST_PORT=${IDEMQ_RABBITMQ_DIST_PORT:-$((IDEMQ_AMQP_PORT + 20000))}
 IDEMQ_RABBITMQ_NODE=${IDEMQ_RABBITMQ_NODE:-rabbit@localhost}
 IDEMQ_AMQP4_PORT=${IDEMQ_AMQP4_PORT:-5674}

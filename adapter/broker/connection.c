@@ -96,7 +96,10 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
     }
     /* EXTERNAL: the broker (rabbitmq_auth_mechanism_ssl) takes the user name from the client
      * certificate; the identity sent along is the URL's user, which it ignores. */
-    bool external = info.ssl && opts->tls && opts->tls->cert_file && !url_has_password(opts->url);
+    bool external = info.ssl && opts->tls && opts->tls->cert_file && !opts->password &&
+                    !url_has_password(opts->url);
+    /* amqp.password_file's content replaces the URL's password (config/options.c). */
+    const char *password = opts->password ? opts->password : info.password;
     struct timeval open_timeout = {.tv_sec = 5};
     int status = amqp_socket_open_noblock(socket, info.host, info.port, &open_timeout);
     if (status != AMQP_STATUS_OK) {
@@ -114,7 +117,7 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
         external ? amqp_login(conn, info.vhost, 0, 131072, heartbeat_s, AMQP_SASL_METHOD_EXTERNAL,
                               info.user)
                  : amqp_login(conn, info.vhost, 0, 131072, heartbeat_s, AMQP_SASL_METHOD_PLAIN,
-                              info.user, info.password);
+                              info.user, password);
     if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
         /* TLS 1.3 finishes the client's side of the handshake before the broker has checked the
          * client certificate: its refusal arrives here, as an alert on the first read or as a
@@ -189,6 +192,7 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
 out:
     if (conn)
         amqp_destroy_connection(conn);
+    explicit_bzero(url, strlen(opts->url)); /* amqp_parse_url decoded the password in place */
     free(url);
     return rc;
 }

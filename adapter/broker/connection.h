@@ -39,6 +39,8 @@ typedef struct broker_open_options {
     char *tls_info;             /* optional out: the negotiated version, cipher and certificates
                                    (broker_tls_describe); "" for amqp:// */
     size_t tls_info_len;
+    const char *password;       /* amqp.password_file's content, in place of the URL's password;
+                                   NULL: the URL's. Borrowed. */
 } broker_open_options;
 
 /* Opens a connection and channel BROKER_CHANNEL. Returns 0 and sets *out (returned owned), or

@@ -296,6 +296,7 @@ static int connect_and_setup(broker_session *s, const char *url, char *err, size
         .tls_info = tls_info,
         .tls_info_len = sizeof tls_info,
     };
+    opts.password = s->cfg->amqp_password;
     int rc = broker_open(&opts, &s->conn, err, err_len);
     if (rc != 0)
         return BROKER_E_FAILED;

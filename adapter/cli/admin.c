@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <mysql.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "broker/connection.h"
 #include "broker/nodes.h"
@@ -98,15 +99,29 @@ static int check_plugins(const config *cfg)
     return rc;
 }
 
+/* The connection every one-shot command makes: the URL, mysql.password_file and mysql.tls. */
+static MYSQL *connect_database(const config *cfg, char *err, size_t err_len)
+{
+    db_dsn dsn;
+    if (db_dsn_from_config(cfg, &dsn, err, err_len) != 0)
+        return NULL;
+    MYSQL *db = db_connect(&dsn, NULL, err, err_len);
+    explicit_bzero(dsn.password, sizeof dsn.password);
+    return db;
+}
+
 static int check_database(const config *cfg)
 {
-    char err[1024], redacted[512];
+    char err[1024], redacted[512], tls[160];
     config_redact_url(cfg->mysql_url, redacted, sizeof redacted);
-    MYSQL *db = db_connect_url(cfg->mysql_url, err, sizeof err);
+    MYSQL *db = connect_database(cfg, err, sizeof err);
     if (!db) {
         fprintf(stderr, "mysql   FAIL %s: %s\n", redacted, err);
         return 1;
     }
+    printf("mysql   tls  %s (mysql.tls.mode %s)%s\n", db_describe_tls(db, tls, sizeof tls),
+           db_tls_mode_name((db_tls_mode)cfg->mysql_tls.mode),
+           cfg->mysql_password ? "; password from mysql.password_file" : "");
     int rc = 0;
     if (mysql_query(db, "SELECT 1 FROM msg_dedup LIMIT 0") != 0) {
         fprintf(stderr, "mysql   FAIL %s: table msg_dedup is not usable (%s); run `idemq migrate`\n",
@@ -149,7 +164,8 @@ static int check_broker(const config *cfg)
                                     .heartbeat_ms = 0,
                                     .tls = &cfg->amqp_tls,
                                     .tls_info = tls_info[i],
-                                    .tls_info_len = sizeof tls_info[i]};
+                                    .tls_info_len = sizeof tls_info[i],
+                                    .password = cfg->amqp_password};
         rc[i] = broker_open(&opts, &conn, err[i], sizeof err[i]);
         if (rc[i] == 0) {
             answered++;
@@ -161,7 +177,8 @@ static int check_broker(const config *cfg)
     for (size_t i = 0; i < cfg->amqp_url_count; i++) {
         config_redact_url(cfg->amqp_urls[i], redacted, sizeof redacted);
         if (rc[i] == 0) {
-            printf("amqp    ok   %s\n", redacted);
+            printf("amqp    ok   %s%s\n", redacted,
+                   cfg->amqp_password ? " (password from amqp.password_file)" : "");
             /* The handshake rabbitmq-c just made, as recorded by broker/tls.c's callbacks. */
             if (tls_info[i][0])
                 printf("amqp    tls  %s\n", tls_info[i]);
@@ -195,7 +212,7 @@ int cli_check(const config *cfg)
 int cli_migrate(const config *cfg)
 {
     char err[1024];
-    MYSQL *db = db_connect_url(cfg->mysql_url, err, sizeof err);
+    MYSQL *db = connect_database(cfg, err, sizeof err);
     if (!db) {
         fprintf(stderr, "idemq migrate: %s\n", err);
         return 1;
@@ -218,7 +235,7 @@ int cli_topology(const config *cfg, bool dry_run)
         return 0;
     char err[2048];
     amqp_connection_state_t conn;
-    broker_open_options opts = {.tls = &cfg->amqp_tls};
+    broker_open_options opts = {.tls = &cfg->amqp_tls, .password = cfg->amqp_password};
     if (broker_open_first(cfg->amqp_urls, cfg->amqp_url_count, &opts, &conn, NULL, err,
                           sizeof err) != 0) {
         fprintf(stderr, "idemq topology: %s\n", err);

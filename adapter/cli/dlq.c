@@ -556,7 +556,8 @@ int cli_dlq(const config *cfg, const dlq_options *opts)
     pass p = {.cfg = cfg, .c = c, .opts = opts};
     topology_dead_letter_queue(c, p.dlq, sizeof p.dlq);
     broker_open_options open_opts = {.confirms = opts->action != DLQ_PURGE,
-                                     .tls = &cfg->amqp_tls};
+                                     .tls = &cfg->amqp_tls,
+                                     .password = cfg->amqp_password};
     if (broker_open_first(cfg->amqp_urls, cfg->amqp_url_count, &open_opts, &p.conn, NULL, err,
                           sizeof err) != 0) {
         fprintf(stderr, "idemq dlq: %s\n", err);

@@ -23,6 +23,8 @@
 
 #include "broker/session.h"
 #include "broker/tls.h"
+#include "db/connect.h"
+#include "db/error.h"
 #include "handlers/plugin.h"
 #include "ops/http_server.h"
 #include "ops/log.h"
@@ -369,6 +371,43 @@ out:
     return exit_code;
 }
 
+/*
+ * The first MySQL connection, made before anything is consumed. A TLS failure (a certificate
+ * that is not trusted or names another host, TLS required on one side and off on the other) is
+ * a configuration problem: exit 2 now, with no message taken. Any other failure (the server is
+ * down) is left to the outage probe, as always. A TLS failure later on (a certificate rotated
+ * under a running idemq) pauses loudly instead of exiting (run/outage.h): a crash loop would
+ * return the held messages to the queue at every restart, each time spending one of a RabbitMQ
+ * 4.x quorum queue's delivery attempts.
+ */
+static int check_database_at_start(const config *cfg)
+{
+    char err[1024], tls[160];
+    unsigned number = 0;
+    db_dsn dsn;
+    if (db_dsn_from_config(cfg, &dsn, err, sizeof err) != 0) {
+        log_error(LOG_NO_CONTEXT, "%s", err);
+        return EXIT_USAGE;
+    }
+    MYSQL *db = db_connect(&dsn, &number, err, sizeof err);
+    explicit_bzero(dsn.password, sizeof dsn.password);
+    if (!db && db_error_is_tls(number)) {
+        log_error(LOG_NO_CONTEXT, "%s", err);
+        return EXIT_USAGE;
+    }
+    if (!db) {
+        log_warn(LOG_NO_CONTEXT,
+                 "MySQL at start: %s; consumption pauses at the first message until a "
+                 "connection works",
+                 err);
+        return 0;
+    }
+    log_info(LOG_NO_CONTEXT, "MySQL connection: %s (mysql.tls.mode %s)",
+             db_describe_tls(db, tls, sizeof tls), db_tls_mode_name(dsn.tls.mode));
+    mysql_close(db);
+    return 0;
+}
+
 /* Plugins are loaded before anything connects (a bad plugin is a configuration problem: exit 2)
  * and unloaded after the DB workers that call them have been joined; the dedup retention job
  * runs beside the consumers on its own connection. */
@@ -379,6 +418,11 @@ int cli_run(const config *cfg)
     if (plugin_registry_load(cfg, err, sizeof err) != 0) {
         log_error(LOG_NO_CONTEXT, "%s", err);
         return EXIT_USAGE;
+    }
+    int db_rc = check_database_at_start(cfg);
+    if (db_rc != 0) {
+        plugin_registry_unload();
+        return db_rc;
     }
     if (retention_start(cfg, &dedup_retention, err, sizeof err) != 0) {
         log_error(LOG_NO_CONTEXT, "cannot start dedup retention: %s", err);

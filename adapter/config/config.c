@@ -21,8 +21,10 @@
 
 #include "config/amqp_urls.h"
 #include "config/document.h"
+#include "config/mysql_tls.h"
 #include "config/options.h"
 #include "config/problems.h"
+#include "config/secrets.h"
 #include "config/table.h"
 #include "config/text.h"
 
@@ -246,6 +248,8 @@ int config_load(const char *path, FILE *errors, config **out)
     config_walk_table(&ctx, config_top_table, root, cfg, "", config_node_line(root));
     config_finish_amqp_urls(&ctx, root, cfg);
     config_validate_amqp_tls(&ctx, cfg, root);
+    config_load_secrets(&ctx, root, cfg);
+    config_validate_mysql_tls(&ctx, root, cfg);
 out:
     rc = ctx.total > (size_t)INT32_MAX ? -INT32_MAX : -(int)ctx.total;
     config_flush_problems(&ctx, errors);
@@ -319,5 +323,12 @@ void config_free(config *cfg)
     free(cfg->amqp_tls.server_name);
     free(cfg->mysql_url);
     free(cfg->http_listen);
+    free(cfg->amqp_password_file);
+    config_free_secret(cfg->amqp_password);
+    free(cfg->mysql_password_file);
+    config_free_secret(cfg->mysql_password);
+    free(cfg->mysql_tls.ca_file);
+    free(cfg->mysql_tls.cert_file);
+    free(cfg->mysql_tls.key_file);
     free(cfg);
 }

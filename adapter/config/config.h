@@ -6,7 +6,8 @@
  * every problem it finds — unknown keys, wrong types, out-of-range values, missing required keys —
  * each with file:line, before the daemon touches the network. Environment variables
  * IDEMQ_AMQP_URL (one URL or a comma-separated list of nodes) and IDEMQ_MYSQL_URL override the
- * URLs. Thread affinity: load on the main thread;
+ * URLs, IDEMQ_AMQP_PASSWORD_FILE and IDEMQ_MYSQL_PASSWORD_FILE the password files (whose content
+ * is read at load). Thread affinity: load on the main thread;
  * the resulting config is read-only afterwards and may be shared by every thread.
  *
  * This header is the config struct and config_load / config_free; it includes the three other
@@ -22,6 +23,7 @@
  *   yaml_json.c             a plugin's `config:` YAML as JSON text
  *   url.c, units.c          URL checks and redaction; durations and sizes
  *   amqp_urls.c             amqp.url or amqp.urls (the broker nodes), and IDEMQ_AMQP_URL
+ *   secrets.c, mysql_tls.c  password files (read after the walk); the mysql.tls table and rules
  *   reference.c             the Markdown reference generated from the tables
  * config/ includes policy/ (retry_policy) and nothing else of idemq: handlers/, store/ and ops/
  * read the config, never the reverse.
@@ -170,6 +172,22 @@ typedef struct config_amqp_tls {
                            daemon warns at start) */
     char *server_name;  /* SNI and the name the certificate must hold; NULL: the URL's host */
 } config_amqp_tls;
+/* mysql.tls.mode; the order is db_tls_mode's (db/dsn.h). What each does: db/connect.h. */
+typedef enum config_mysql_tls_mode {
+    CONFIG_MYSQL_TLS_DISABLED = 0,
+    CONFIG_MYSQL_TLS_PREFERRED = 1, /* the default */
+    CONFIG_MYSQL_TLS_REQUIRED = 2,
+    CONFIG_MYSQL_TLS_VERIFY_CA = 3,
+    CONFIG_MYSQL_TLS_VERIFY_IDENTITY = 4,
+} config_mysql_tls_mode;
+
+/* mysql.tls (config/mysql_tls.h). The files were readable at load. */
+typedef struct config_mysql_tls {
+    config_mysql_tls_mode mode;
+    char *ca_file;          /* verify_ca / verify_identity only; NULL: the system trust store */
+    char *cert_file;        /* client certificate and its key: both or neither; not with disabled */
+    char *key_file;
+} config_mysql_tls;
 
 typedef struct config {
     char *path;             /* the file it came from, for messages */
@@ -193,6 +211,14 @@ typedef struct config {
     config_consumer *consumers;
     size_t consumer_count;  /* at least 1 */
     config_dedup dedup;
+    /* Secrets from files and MySQL TLS (config/secrets.h, config/mysql_tls.h). A *_password is
+     * the file's content (one trailing newline stripped), read at load, and overrides the URL's
+     * password; NULL when no file is given. Never log one: it is zeroed by config_free. */
+    char *amqp_password_file;   /* amqp.password_file, or IDEMQ_AMQP_PASSWORD_FILE (wins) */
+    char *amqp_password;
+    char *mysql_password_file;  /* mysql.password_file, or IDEMQ_MYSQL_PASSWORD_FILE (wins) */
+    char *mysql_password;
+    config_mysql_tls mysql_tls;
 } config;
 
 /*

@@ -103,3 +103,11 @@ size_t config_pair_count(const yaml_node_t *map)
 {
     return (size_t)(map->data.mapping.pairs.top - map->data.mapping.pairs.start);
 }
+
+unsigned long config_path_line(load_ctx *ctx, const yaml_node_t *map, const char *const *names)
+{
+    const yaml_node_t *node = map;
+    for (size_t i = 0; node && names[i]; i++)
+        node = config_mapping_get(ctx, node, names[i]);
+    return node == map ? 0 : config_node_line(node);
+}

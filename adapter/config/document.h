@@ -49,4 +49,9 @@ const char *config_want_string(load_ctx *ctx, const yaml_node_t *node, const cha
 bool config_want_mapping(load_ctx *ctx, const yaml_node_t *node, const char *path,
                          const char *what);
 
+/* The 1-based line of the value at the key path names (NULL-terminated, e.g. {"mysql", "tls",
+ * "ca_file", NULL}) below map; 0 when any step is missing. For checks that run after the walk
+ * and must still name the line. */
+unsigned long config_path_line(load_ctx *ctx, const yaml_node_t *map, const char *const *names);
+
 #endif

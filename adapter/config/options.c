@@ -16,6 +16,8 @@
 #include "config/consumers.h"
 #include "config/document.h"
 #include "config/text.h"
+#include "config/mysql_tls.h"
+#include "config/secrets.h"
 #include "config/url.h"
 
 _Static_assert(sizeof(config_log_level) == sizeof(int), "enums are stored as int");
@@ -131,6 +133,10 @@ static const opt amqp_table[] = {
      .max = 64u << 20, .def = "1MiB", .help = "largest message body accepted"},
     {.name = "tls", .type = OPT_SECTION, .section = amqp_tls_table,
      .help = "TLS settings of amqps:// URLs"},
+    {.name = "password_file", .type = OPT_STRING, .offset = offsetof(config, amqp_password_file),
+     .env = "IDEMQ_AMQP_PASSWORD_FILE", .check = config_check_secret_path,
+     .help = "file holding the broker password (as is, one trailing newline stripped); "
+             "overrides the URL's"},
     {0},
 };
 
@@ -140,6 +146,12 @@ static const opt mysql_table[] = {
      .help = "database URL, mysql://user:password@host:port/db[?socket=/path]"},
     {.name = "workers", .type = OPT_UINT, .offset = offsetof(config, workers), .min = 1,
      .max = 256, .def = "4", .help = "database worker threads, one connection each"},
+    {.name = "password_file", .type = OPT_STRING, .offset = offsetof(config, mysql_password_file),
+     .env = "IDEMQ_MYSQL_PASSWORD_FILE", .check = config_check_secret_path,
+     .help = "file holding the database password (as is, one trailing newline stripped); "
+             "overrides the URL's"},
+    {.name = "tls", .type = OPT_SECTION, .section = config_mysql_tls_table,
+     .help = "TLS to MySQL"},
     {0},
 };
 

@@ -21,71 +21,148 @@ static void out_put(out_buf *o, const char *s, size_t n)
     o->buf[o->pos] = '\0';
 }
 
-/* Copies a query string, replacing the value of any password parameter. */
-static void put_query_redacted(out_buf *o, const char *q)
+/* Parts of a URL to hide: [begin, end) byte ranges into it. */
+typedef struct mask {
+    size_t begin, end;
+} mask;
+
+#define MASKS_MAX 16 /* past this many password= parameters, the rest of the URL is hidden */
+
+/* Adds [begin, end) to masks (count of them in use), keeping them sorted and merged. An empty
+ * range still prints as "***" (an empty password is hidden like any other). */
+static void mask_add(mask *masks, size_t *count, size_t begin, size_t end)
 {
-    while (*q && *q != '#') {
-        size_t n = strcspn(q, "&#");
-        size_t name = strcspn(q, "=&#");
-        if (name < n && (name == 8 && strncasecmp(q, "password", 8) == 0)) {
-            out_put(o, q, name + 1);
-            out_put(o, "***", 3);
-        } else {
-            out_put(o, q, n);
+    size_t i = 0, n = *count;
+    if (begin > end)
+        return;
+    while (i < n && masks[i].end < begin)
+        i++;
+    if (i < n && masks[i].begin <= end) {
+        /* Overlaps or touches masks[i]: grow it, then swallow the ones it now reaches. */
+        if (begin < masks[i].begin)
+            masks[i].begin = begin;
+        if (end > masks[i].end)
+            masks[i].end = end;
+        size_t j = i + 1;
+        while (j < n && masks[j].begin <= masks[i].end) {
+            if (masks[j].end > masks[i].end)
+                masks[i].end = masks[j].end;
+            j++;
         }
-        q += n;
-        if (*q == '&')
-            out_put(o, q++, 1);
+        memmove(&masks[i + 1], &masks[j], (n - j) * sizeof *masks);
+        *count = n - (j - i - 1);
+        return;
     }
-    out_put(o, q, strlen(q));
+    if (n == MASKS_MAX) { /* out of room: hide everything from the last mask on */
+        masks[n - 1].end = (size_t)-1;
+        return;
+    }
+    memmove(&masks[i + 1], &masks[i], (n - i) * sizeof *masks);
+    masks[i] = (mask){begin, end};
+    *count = n + 1;
 }
 
+/*
+ * Where the user-info ends. A valid URL has one raw '@' at most (config_check_url and the parsers
+ * refuse more), so for it the last '@' is that one. For a broken one, whose password holds a raw
+ * '@', '/', '?' or '#', the last '@' is the only choice that never shows a part of the password:
+ * an '@' further on can only over-redact (a host, a path), never leak. The value of a password=
+ * query parameter (no parser idemq uses takes one, but a URL may carry it) is hidden too, from
+ * wherever a '?' or '&' starts it up to the next '&'.
+ */
 void config_redact_url(const char *url, char *buf, size_t buf_len)
 {
     out_buf o = {buf, buf_len, 0};
-    const char *sep, *start, *at = NULL, *colon, *rest, *query;
-    size_t auth_len;
+    mask masks[MASKS_MAX];
+    size_t count = 0, len, pos = 0;
+    const char *sep, *start, *at;
 
     if (!buf || buf_len == 0)
         return;
     buf[0] = '\0';
     if (!url)
         return;
+    len = strlen(url);
     sep = strstr(url, "://");
     start = sep ? sep + 3 : url;
-    auth_len = strcspn(start, "/?#");
-    for (size_t i = 0; i < auth_len; i++)
-        if (start[i] == '@')
-            at = start + i;
-    /* A password holding an unencoded '/', '?' or '#' ends the authority early and hides the
-     * real '@' further on. Such URLs do not work anyway, but they must not leak: take the last
-     * '@' and redact everything between the first ':' and it. */
-    colon = NULL;
+    at = strrchr(start, '@');
     if (at) {
-        colon = memchr(start, ':', (size_t)(at - start));
-    } else if ((at = strrchr(start, '@')) != NULL) {
-        colon = memchr(start, ':', (size_t)(at - start));
-        if (!colon)
-            at = NULL; /* an '@' in a path or query, not a user:password */
+        size_t info_len = (size_t)(at - start);
+        size_t user_len = strcspn(start, ":/?#");
+        if (user_len < info_len && start[user_len] == ':') /* "user:***@" */
+            mask_add(masks, &count, (size_t)(start + user_len + 1 - url), (size_t)(at - url));
+        else if (user_len < info_len) /* a '/', '?' or '#' before any ':': hide all of it */
+            mask_add(masks, &count, (size_t)(start - url), (size_t)(at - url));
+        /* else a user without a password */
     }
-    rest = start;
-    if (colon) {
-        out_put(&o, url, (size_t)(colon + 1 - url));
+    for (const char *p = url; (p = strpbrk(p, "?&")) != NULL; p++) {
+        if (strncasecmp(p + 1, "password=", 9) == 0) {
+            size_t value = (size_t)(p + 10 - url);
+            mask_add(masks, &count, value, value + strcspn(url + value, "&"));
+        }
+    }
+    for (size_t i = 0; i < count; i++) {
+        size_t begin = masks[i].begin < len ? masks[i].begin : len;
+        out_put(&o, url + pos, begin - pos);
         out_put(&o, "***", 3);
-        rest = at;
-    } else if (at) {
-        out_put(&o, url, (size_t)(at - url));
-        rest = at;
-    } else {
-        out_put(&o, url, (size_t)(start - url));
+        pos = masks[i].end < len ? masks[i].end : len;
     }
-    query = strchr(rest, '?');
-    if (!query) {
-        out_put(&o, rest, strlen(rest));
-        return;
+    out_put(&o, url + pos, len - pos);
+}
+
+static bool is_hex(char c)
+{
+    return config_is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+static int hex_value(char c)
+{
+    return config_is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10;
+}
+
+/*
+ * The user-info rule both parsers agree on (amqp_parse_url and db_dsn_parse): the user ends at
+ * the first ':', the password at the one '@'; inside them ':' '@' '/' '?' '#' '[' ']' and '%'
+ * are percent-encoded, and a '%' is followed by two hex digits, not %00. rabbitmq-c also refuses
+ * %80..%FF (it decodes into a signed char). Returns 0, or -1 with a reason that names no
+ * character of the password.
+ */
+static int check_userinfo(const char *info, size_t len, bool amqp, char *why, size_t why_len)
+{
+    const char *colon = memchr(info, ':', len);
+    bool encoded_ok = true, high_byte = false;
+
+    if (strcspn(info, "/?#[]") < len ||
+        (colon && memchr(colon + 1, ':', len - (size_t)(colon + 1 - info))))
+        encoded_ok = false;
+    for (size_t i = 0; i < len && encoded_ok; i++) {
+        if (info[i] != '%')
+            continue;
+        if (i + 2 >= len || !is_hex(info[i + 1]) || !is_hex(info[i + 2])) {
+            encoded_ok = false;
+            break;
+        }
+        int v = hex_value(info[i + 1]) * 16 + hex_value(info[i + 2]);
+        if (v == 0)
+            encoded_ok = false;
+        if (v > 0x7f)
+            high_byte = true;
+        i += 2;
     }
-    out_put(&o, rest, (size_t)(query + 1 - rest));
-    put_query_redacted(&o, query + 1);
+    if (!encoded_ok) {
+        snprintf(why, why_len,
+                 "has a user or password that is not percent-encoded (write : @ / ? # [ ] %% "
+                 "in them as %%3A %%40 %%2F %%3F %%23 %%5B %%5D %%25)");
+        return -1;
+    }
+    if (amqp && high_byte) {
+        snprintf(why, why_len,
+                 "has a user or password with a percent-encoded byte above %%7F, which "
+                 "rabbitmq-c cannot decode: write such bytes unencoded, or use "
+                 "amqp.password_file");
+        return -1;
+    }
+    return 0;
 }
 
 /* Checks "host:port" (host may be "[v6]"); host_required says whether an empty host is wrong. */
@@ -140,9 +217,10 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
                      bool socket_ok, char *why, size_t why_len)
 {
     char redacted[256], shown[128];
-    const char *auth = NULL, *at;
-    size_t auth_len, host_off = 0;
-    char sub[160];
+    const char *auth = NULL, *at, *host;
+    size_t host_len;
+    bool amqp = strncmp(text, "amqp", 4) == 0;
+    char sub[256];
 
     config_redact_url(text, redacted, sizeof redacted);
     config_show(shown, sizeof shown, redacted);
@@ -163,17 +241,35 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
         snprintf(why, why_len, "'%s' must start with %s", shown, expect);
         return -1;
     }
-    auth_len = strcspn(auth, "/?#");
-    at = NULL;
-    for (size_t i = 0; i < auth_len; i++)
-        if (auth[i] == '@')
-            at = auth + i;
-    if (at)
-        host_off = (size_t)(at + 1 - auth);
-    if (auth_len == host_off && socket_ok && (strstr(text, "?socket=") || strstr(text, "&socket=")))
+    /* One raw '@' at most, ending the user-info: that is where redaction and both parsers split
+     * (an '@' anywhere else is written %40). */
+    at = strchr(auth, '@');
+    if (at && strchr(at + 1, '@')) {
+        snprintf(why, why_len,
+                 "'%s' has more than one '@' (write an '@' in the user, password, path or query "
+                 "as %%40)",
+                 shown);
+        return -1;
+    }
+    if (at && check_userinfo(auth, (size_t)(at - auth), amqp, sub, sizeof sub) < 0) {
+        snprintf(why, why_len, "'%s' %s", shown, sub);
+        return -1;
+    }
+    host = at ? at + 1 : auth;
+    host_len = strcspn(host, "/?#");
+    if (amqp && host[host_len] != '\0' &&
+        (host[host_len] != '/' ||
+         strcspn(host + host_len + 1, ":/?#[]") != strlen(host + host_len + 1))) {
+        /* amqp_parse_url takes no query and ends the vhost at any of these. */
+        snprintf(why, why_len,
+                 "'%s' has a vhost that is not percent-encoded, or a query (write : / ? # [ ] "
+                 "in the vhost as %%3A %%2F %%3F %%23 %%5B %%5D; the vhost / is %%2f)",
+                 shown);
+        return -1;
+    }
+    if (host_len == 0 && socket_ok && (strstr(text, "?socket=") || strstr(text, "&socket=")))
         return 0;
-    if (check_host_port(auth + host_off, auth_len - host_off, true, false, false, sub, sizeof sub) <
-        0) {
+    if (check_host_port(host, host_len, true, false, false, sub, sizeof sub) < 0) {
         snprintf(why, why_len, "'%s' %s", shown, sub);
         return -1;
     }

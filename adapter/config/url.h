@@ -2,11 +2,16 @@
  * url — connection URLs and listen addresses: their shape, and redacting their passwords.
  *
  * Only what the loader needs is checked: the scheme, a host (or, for MySQL, a ?socket=), a port
- * in range, no spaces or control bytes; the client libraries parse the rest when they connect.
- * Redaction replaces the password of the user-info part and of any password= query parameter
- * with "***"; every URL that reaches a log line or a message goes through it, including the
- * loader's own messages about a bad URL. config_redact_url is part of config.h's API. Pure;
- * thread affinity: none.
+ * in range, no spaces or control bytes, and the user-info rule the parsers share (rabbitmq-c's
+ * amqp_parse_url and db_dsn_parse): one raw '@' at most, ending user[:password]; in the user and
+ * the password ':' '@' '/' '?' '#' '[' ']' and '%' are percent-encoded (an AMQP vhost likewise;
+ * an '@' in a MySQL socket path is %40). A raw one is ambiguous (where does the password end?),
+ * so it is refused at load rather than guessed at. Redaction replaces the password of the
+ * user-info part and of any password= query parameter with "***"; every URL that reaches a log
+ * line or a message goes through it, including the loader's own messages about a bad URL, and it
+ * takes the user-info to end at the last '@', so even a URL with a raw '@', '/', '?' or '#' in its
+ * password shows no part of it. config_redact_url is part of config.h's API. Pure; thread
+ * affinity: none.
  *
  * Errors: the checks return 0, or -1 with a reason (never a password) in the caller's why buffer.
  */

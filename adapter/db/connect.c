@@ -3,8 +3,16 @@
  */
 #include "db/connect.h"
 
+#include <errmsg.h>
+#include <mysqld_error.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include <uv.h>
+
+#include "db/error.h"
 
 /* A plain static flag here was a data race: two threads could both see it unset and run
  * mysql_library_init concurrently (it is not thread-safe), or one could see it set before the
@@ -22,12 +30,65 @@ void db_library_init(void)
     uv_once(&library_once, library_init_once);
 }
 
-MYSQL *db_connect(const db_dsn *dsn, char *err, size_t err_len)
+const char *db_tls_mode_name(db_tls_mode mode)
 {
-    db_library_init();
+    static const char *const names[] = {"disabled", "preferred", "required", "verify_ca",
+                                        "verify_identity"};
+    return (unsigned)mode < sizeof names / sizeof names[0] ? names[mode] : "unknown";
+}
+
+/* The system trust store for verify_* without ca_file: SSL_CERT_FILE first, as OpenSSL reads
+ * it, then where Debian/Ubuntu/Alpine, Fedora/RHEL, SUSE and the BSDs keep the bundle. */
+static const char *system_ca_file(void)
+{
+    static const char *const bundles[] = {"/etc/ssl/certs/ca-certificates.crt",
+                                          "/etc/pki/tls/certs/ca-bundle.crt",
+                                          "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem", NULL};
+    const char *env = getenv("SSL_CERT_FILE");
+    if (env && *env && access(env, R_OK) == 0)
+        return env;
+    for (size_t i = 0; bundles[i]; i++)
+        if (access(bundles[i], R_OK) == 0)
+            return bundles[i];
+    return NULL;
+}
+
+/* Where a message says the server is: "host:port" or the socket path. */
+static void server_name(const db_dsn *dsn, char *buf, size_t len)
+{
+    if (dsn->socket[0])
+        snprintf(buf, len, "%s", dsn->socket);
+    else
+        snprintf(buf, len, "%s:%u", dsn->host, dsn->port);
+}
+
+/* Sets the TLS options of mode on db; ca is the CA file of a verify_* mode. */
+static void apply_tls(MYSQL *db, const db_tls *tls, db_tls_mode mode, const char *ca)
+{
+    my_bool yes = 1, no = 0, verify_name = mode == DB_TLS_VERIFY_IDENTITY;
+    if (mode == DB_TLS_DISABLED) {
+        mysql_optionsv(db, MYSQL_OPT_SSL_ENFORCE, &no);
+        mysql_optionsv(db, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &no);
+        return;
+    }
+    mysql_optionsv(db, MYSQL_OPT_SSL_ENFORCE, &yes);
+    mysql_optionsv(db, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &verify_name);
+    if (ca)
+        mysql_optionsv(db, MYSQL_OPT_SSL_CA, ca);
+    if (tls->cert_file)
+        mysql_optionsv(db, MYSQL_OPT_SSL_CERT, tls->cert_file);
+    if (tls->key_file)
+        mysql_optionsv(db, MYSQL_OPT_SSL_KEY, tls->key_file);
+}
+
+/* mysql_init, options, TLS, mysql_real_connect. Returns the connection, or NULL with db's error
+ * copied into *failure (number and text; number 0 when mysql_init failed). */
+static MYSQL *open_connection(const db_dsn *dsn, db_tls_mode mode, const char *ca,
+                              db_error *failure)
+{
     MYSQL *db = mysql_init(NULL);
     if (!db) {
-        snprintf(err, err_len, "mysql_init: out of memory");
+        *failure = (db_error){.number = 0, .message = "mysql_init: out of memory"};
         return NULL;
     }
     unsigned int connect_timeout = 5, io_timeout = 30;
@@ -35,17 +96,162 @@ MYSQL *db_connect(const db_dsn *dsn, char *err, size_t err_len)
     mysql_options(db, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
     mysql_options(db, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
     mysql_options(db, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+    apply_tls(db, &dsn->tls, mode, ca);
     const char *host = dsn->socket[0] ? "localhost" : dsn->host;
-    if (!mysql_real_connect(db, host, dsn->user[0] ? dsn->user : NULL, dsn->password,
-                            dsn->database, dsn->port, dsn->socket[0] ? dsn->socket : NULL,
-                            CLIENT_FOUND_ROWS)) {
-        snprintf(err, err_len, "cannot connect to MySQL at %s:%u/%s: %s (error %u)",
-                 dsn->socket[0] ? dsn->socket : dsn->host, dsn->port, dsn->database,
-                 mysql_error(db), mysql_errno(db));
+    if (!mysql_real_connect(db, host, dsn->user[0] ? dsn->user : NULL, dsn->password, dsn->database,
+                            dsn->port, dsn->socket[0] ? dsn->socket : NULL, CLIENT_FOUND_ROWS)) {
+        db_error_of_connection(db, failure);
+        mysql_close(db);
+        return NULL;
+    }
+    return db;
+}
+
+/* What the certificate was checked against, for messages: "mysql.tls.ca_file /x" or "the system
+ * trust store /y". */
+static void describe_ca(const db_tls *tls, const char *ca, char *buf, size_t len)
+{
+    if (tls->ca_file)
+        snprintf(buf, len, "mysql.tls.ca_file %s", tls->ca_file);
+    else
+        snprintf(buf, len, "the system trust store %s", ca ? ca : "(none found)");
+}
+
+/*
+ * Whether a CR_SSL_CONNECTION_ERROR at connect is a setup problem (DB_ERROR_TLS_SETUP) rather
+ * than a connection that broke during the handshake (the server restarting: OpenSSL's "unexpected
+ * eof", a reset), which is an outage. Connector/C gives only text: OpenSSL's verification
+ * results all say "certificate" (not trusted, expired, self-signed, wrong purpose), an alert from
+ * the server says "alert" (it refused our certificate), Connector/C's own checks say "SSL is
+ * required" and "Validation of SSL server certificate", and a bad client key or PEM file says
+ * "key", "PEM", "no start line" or "not found".
+ */
+static bool tls_setup_failure(const char *text)
+{
+    static const char *const words[] = {"certificate",
+                                        "alert",
+                                        "SSL is required",
+                                        "key",
+                                        "PEM",
+                                        "no start line",
+                                        "not found",
+                                        "Validation",
+                                        "wrong version number",
+                                        "unsupported protocol",
+                                        "no protocols available",
+                                        NULL};
+    for (size_t i = 0; words[i]; i++)
+        if (strstr(text, words[i]))
+            return true;
+    return false;
+}
+
+/* The one-line report of a TLS setup failure, by what the library says went wrong. */
+static void describe_tls_failure(const db_dsn *dsn, const char *ca, const char *text,
+                                 const char *where, char *err, size_t err_len)
+{
+    const db_tls *tls = &dsn->tls;
+    const char *mode = db_tls_mode_name(tls->mode);
+    char trust[600], client[1200] = "";
+    describe_ca(tls, ca, trust, sizeof trust);
+    if (tls->cert_file)
+        snprintf(client, sizeof client, "; client certificate mysql.tls.cert_file %s, key_file %s",
+                 tls->cert_file, tls->key_file ? tls->key_file : "(none)");
+    if (strstr(text, "Validation of SSL server certificate failed"))
+        snprintf(err, err_len,
+                 "MySQL at %s: TLS: the server's certificate does not name '%s' (mysql.tls.mode "
+                 "%s checks the URL's host against the certificate's subjectAltName; its chain "
+                 "is trusted by %s): connect by a name the certificate holds, or reissue it",
+                 where, dsn->socket[0] ? "localhost" : dsn->host, mode, trust);
+    else if (strstr(text, "SSL is required, but the server does not support it"))
+        snprintf(err, err_len,
+                 "MySQL at %s: TLS: the server does not offer TLS, but mysql.tls.mode is %s: give "
+                 "the server ssl_cert and ssl_key, or set mode: preferred",
+                 where, mode);
+    else if ((tls->mode == DB_TLS_VERIFY_CA || tls->mode == DB_TLS_VERIFY_IDENTITY) &&
+             (strstr(text, "certificate") || strstr(text, "issuer")))
+        snprintf(err, err_len,
+                 "MySQL at %s: TLS: the server's certificate is not trusted by %s (mysql.tls.mode "
+                 "%s): %s",
+                 where, trust, mode, text);
+    else
+        snprintf(err, err_len, "MySQL at %s: TLS handshake failed (mysql.tls.mode %s%s%s%s): %s",
+                 where, mode, tls->mode >= DB_TLS_VERIFY_CA ? "; CA: " : "",
+                 tls->mode >= DB_TLS_VERIFY_CA ? trust : "", client, text);
+}
+
+/* MySQL 8's ER_SECURE_TRANSPORT_REQUIRED; not in MariaDB's headers (MariaDB answers 1045). */
+#define MYSQL8_SECURE_TRANSPORT_REQUIRED 3159
+
+MYSQL *db_connect(const db_dsn *dsn, unsigned *error_number, char *err, size_t err_len)
+{
+    char where[600];
+    db_error failure;
+    unsigned dummy;
+    const db_tls *tls = &dsn->tls;
+    const char *ca = NULL;
+
+    if (!error_number)
+        error_number = &dummy;
+    *error_number = 0;
+    db_library_init();
+    server_name(dsn, where, sizeof where);
+    if (tls->mode == DB_TLS_VERIFY_CA || tls->mode == DB_TLS_VERIFY_IDENTITY) {
+        ca = tls->ca_file ? tls->ca_file : system_ca_file();
+        if (!ca) {
+            snprintf(err, err_len,
+                     "MySQL at %s: TLS: mysql.tls.mode %s needs CA certificates: set "
+                     "mysql.tls.ca_file (no system trust store found: SSL_CERT_FILE, "
+                     "/etc/ssl/certs/ca-certificates.crt, /etc/pki/tls/certs/ca-bundle.crt)",
+                     where, db_tls_mode_name(tls->mode));
+            *error_number = DB_ERROR_TLS_SETUP;
+            return NULL;
+        }
+    }
+    MYSQL *db = open_connection(dsn, tls->mode, ca, &failure);
+    if (!db) {
+        *error_number = failure.number;
+        if (failure.number == CR_SSL_CONNECTION_ERROR && tls_setup_failure(failure.message)) {
+            *error_number = DB_ERROR_TLS_SETUP;
+            describe_tls_failure(dsn, ca, failure.message, where, err, err_len);
+            return NULL;
+        }
+        bool insecure_refused = failure.number == MYSQL8_SECURE_TRANSPORT_REQUIRED;
+        if (!insecure_refused && failure.number == ER_ACCESS_DENIED_ERROR &&
+            tls->mode == DB_TLS_DISABLED) {
+            /* MariaDB's answer to a plaintext login under require_secure_transport is a plain
+             * "access denied": see whether the same login works over TLS. */
+            db_error again;
+            MYSQL *probe = open_connection(dsn, DB_TLS_PREFERRED, NULL, &again);
+            insecure_refused = probe && mysql_get_ssl_cipher(probe);
+            if (probe)
+                mysql_close(probe);
+        }
+        if (insecure_refused) {
+            *error_number = DB_ERROR_TLS_SETUP;
+            snprintf(err, err_len,
+                     "MySQL at %s: TLS: the server requires TLS (require_secure_transport) but "
+                     "mysql.tls.mode is disabled: set mode: verify_identity (with ca_file), or "
+                     "required",
+                     where);
+            return NULL;
+        }
+        snprintf(err, err_len, "cannot connect to MySQL at %s/%s: %s (error %u)", where,
+                 dsn->database, failure.message, failure.number);
+        return NULL;
+    }
+    if (tls->mode >= DB_TLS_REQUIRED && !mysql_get_ssl_cipher(db)) {
+        /* Connector/C 3.3 falls back to plaintext unless it verifies the host name. */
+        *error_number = DB_ERROR_TLS_SETUP;
+        snprintf(err, err_len,
+                 "MySQL at %s: TLS: the server does not offer TLS, but mysql.tls.mode is %s: give "
+                 "the server ssl_cert and ssl_key, or set mode: preferred",
+                 where, db_tls_mode_name(tls->mode));
         mysql_close(db);
         return NULL;
     }
     if (mysql_autocommit(db, 0) != 0) {
+        *error_number = mysql_errno(db);
         snprintf(err, err_len, "cannot disable autocommit: %s", mysql_error(db));
         mysql_close(db);
         return NULL;
@@ -54,6 +260,7 @@ MYSQL *db_connect(const db_dsn *dsn, char *err, size_t err_len)
      * it into "connection lost" (an outage that pauses every consumer). */
     if (mysql_query(db, "SET SESSION innodb_lock_wait_timeout = "
                         "LEAST(@@innodb_lock_wait_timeout, 20)") != 0) {
+        *error_number = mysql_errno(db);
         snprintf(err, err_len, "cannot set innodb_lock_wait_timeout: %s", mysql_error(db));
         mysql_close(db);
         return NULL;
@@ -61,10 +268,23 @@ MYSQL *db_connect(const db_dsn *dsn, char *err, size_t err_len)
     return db;
 }
 
-MYSQL *db_connect_url(const char *url, char *err, size_t err_len)
+const char *db_describe_tls(MYSQL *db, char *buf, size_t len)
 {
-    db_dsn dsn;
-    if (db_dsn_parse(url, &dsn, err, err_len) != 0)
-        return NULL;
-    return db_connect(&dsn, err, err_len);
+    const char *cipher = mysql_get_ssl_cipher(db);
+    char version[64] = "TLS";
+    if (!cipher) {
+        snprintf(buf, len, "not encrypted");
+        return buf;
+    }
+    if (mysql_query(db, "SHOW SESSION STATUS LIKE 'Ssl_version'") == 0) {
+        MYSQL_RES *res = mysql_store_result(db);
+        MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+        if (row && row[1] && row[1][0])
+            snprintf(version, sizeof version, "%s", row[1]);
+        if (res)
+            mysql_free_result(res);
+    }
+    mysql_rollback(db);
+    snprintf(buf, len, "%s, cipher %s", version, cipher);
+    return buf;
 }

@@ -1,5 +1,5 @@
 /*
- * dsn — see dsn.h. User and password are percent-decoded so passwords may hold '@' or ':'.
+ * dsn — see dsn.h. User and password are percent-decoded so passwords may hold any byte but NUL.
  */
 #include "db/dsn.h"
 
@@ -7,6 +7,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "config/config.h"
+#include "config/secrets.h"
+
+_Static_assert(CONFIG_SECRET_MAX <= DB_PASSWORD_MAX, "a password file must fit db_dsn.password");
+_Static_assert((int)DB_TLS_VERIFY_IDENTITY == (int)CONFIG_MYSQL_TLS_VERIFY_IDENTITY &&
+                   (int)DB_TLS_DISABLED == (int)CONFIG_MYSQL_TLS_DISABLED &&
+                   (int)DB_TLS_PREFERRED == (int)CONFIG_MYSQL_TLS_PREFERRED &&
+                   (int)DB_TLS_REQUIRED == (int)CONFIG_MYSQL_TLS_REQUIRED &&
+                   (int)DB_TLS_VERIFY_CA == (int)CONFIG_MYSQL_TLS_VERIFY_CA,
+               "db_tls_mode follows config_mysql_tls_mode");
 
 static int hex_value(char c)
 {
@@ -50,14 +61,24 @@ int db_dsn_parse(const char *url, db_dsn *dsn, char *err, size_t err_len)
         return -1;
     }
     const char *p = url + sizeof scheme - 1;
-    const char *authority_end = p + strcspn(p, "/?");
-    const char *at = NULL;
-    for (const char *q = p; q < authority_end; q++)
-        if (*q == '@')
-            at = q;
+    /* The user-info rule of config/url.h, which amqp_parse_url follows too: one raw '@' at most,
+     * ending user[:password]; the user ends at the first ':'; reserved characters inside them
+     * are percent-encoded. */
+    const char *at = strchr(p, '@');
+    if (at && strchr(at + 1, '@')) {
+        snprintf(err, err_len,
+                 "mysql url: more than one '@' (write an '@' in the user, password "
+                 "or socket path as %%40)");
+        return -1;
+    }
     if (at) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
         const char *user_end = colon ? colon : at;
+        if (strcspn(p, "/?#[]") < (size_t)(at - p) ||
+            (colon && memchr(colon + 1, ':', (size_t)(at - colon - 1)))) {
+            snprintf(err, err_len, "mysql url: user or password is not percent-encoded");
+            return -1;
+        }
         if (percent_decode(p, user_end, dsn->user, sizeof dsn->user) < 0 ||
             (colon && percent_decode(colon + 1, at, dsn->password, sizeof dsn->password) < 0)) {
             snprintf(err, err_len, "mysql url: user or password is malformed or too long");
@@ -65,6 +86,7 @@ int db_dsn_parse(const char *url, db_dsn *dsn, char *err, size_t err_len)
         }
         p = at + 1;
     }
+    const char *authority_end = p + strcspn(p, "/?");
     const char *host_end = authority_end;
     const char *port_colon = memchr(p, ':', (size_t)(authority_end - p));
     if (port_colon) {
@@ -115,5 +137,26 @@ int db_dsn_parse(const char *url, db_dsn *dsn, char *err, size_t err_len)
         }
         p += len;
     }
+    return 0;
+}
+
+int db_dsn_from_config(const config *cfg, db_dsn *dsn, char *err, size_t err_len)
+{
+    if (db_dsn_parse(cfg->mysql_url, dsn, err, err_len) != 0)
+        return -1;
+    if (cfg->mysql_password) {
+        size_t n = strlen(cfg->mysql_password);
+        if (n >= sizeof dsn->password) {
+            snprintf(err, err_len, "mysql.password_file: the password is too long");
+            return -1;
+        }
+        memcpy(dsn->password, cfg->mysql_password, n + 1);
+    }
+    dsn->tls = (db_tls){
+        .mode = (db_tls_mode)cfg->mysql_tls.mode,
+        .ca_file = cfg->mysql_tls.ca_file,
+        .cert_file = cfg->mysql_tls.cert_file,
+        .key_file = cfg->mysql_tls.key_file,
+    };
     return 0;
 }

@@ -37,6 +37,7 @@ apply_status db_error_classify(unsigned int error_number)
 #ifdef ER_CONNECTION_KILLED
     case ER_CONNECTION_KILLED: /* MariaDB only: KILL CONNECTION, e.g. by a failover tool */
 #endif
+    case CR_SSL_CONNECTION_ERROR: /* a TLS connection closed or lost (setup: DB_ERROR_TLS_SETUP) */
     case ER_OPTION_PREVENTS_STATEMENT: /* --read-only after a failover */
     case ER_READ_ONLY_MODE:
         return APPLY_UNAVAILABLE;
@@ -58,6 +59,11 @@ bool db_error_is_schema(unsigned int error_number)
     default:
         return false;
     }
+}
+
+bool db_error_is_tls(unsigned int error_number)
+{
+    return error_number == DB_ERROR_TLS_SETUP;
 }
 
 void db_error_of_connection(MYSQL *db, db_error *out)

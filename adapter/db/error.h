@@ -47,6 +47,19 @@ apply_status db_error_classify(unsigned int error_number);
  * lost connection, a read-only server): they are reported louder. */
 bool db_error_is_schema(unsigned int error_number);
 
+/*
+ * Not a MySQL error number (theirs stay far below): what db_connect reports for a TLS failure
+ * that needs a person, not time (db/connect.h): a certificate that is not trusted or names
+ * another host, a client certificate or key that does not work, TLS required on one side and
+ * off on the other. The client's own CR_SSL_CONNECTION_ERROR is not enough to tell: it is also
+ * what a TLS connection that the server closed or lost reports (OpenSSL's "unexpected eof"), and
+ * that is an outage like any lost connection.
+ */
+#define DB_ERROR_TLS_SETUP 1000000u
+
+/* True for DB_ERROR_TLS_SETUP. Like a schema error it is reported louder. */
+bool db_error_is_tls(unsigned int error_number);
+
 /* Copies the last error of db (borrowed) into *out. */
 void db_error_of_connection(MYSQL *db, db_error *out);
 

@@ -232,11 +232,14 @@ int metrics_render(const metrics *m, char **out, size_t *len)
         emit(&b, "idemq_held{queue=\"%s\"} %" PRId64 "\n", queue, m->consumers[i].held);
     }
     emit(&b, "# HELP idemq_paused Whether consumption is paused, by reason: database "
-             "(unreachable or read-only) or schema (a table, column or grant is missing).\n"
+             "(unreachable or read-only), schema (a table, column or grant is missing) or tls "
+             "(TLS to MySQL fails: a certificate, or TLS required on one side only).\n"
              "# TYPE idemq_paused gauge\n"
              "idemq_paused{reason=\"database\"} %d\n"
-             "idemq_paused{reason=\"schema\"} %d\n",
-         m->pause == METRICS_PAUSE_DATABASE ? 1 : 0, m->pause == METRICS_PAUSE_SCHEMA ? 1 : 0);
+             "idemq_paused{reason=\"schema\"} %d\n"
+             "idemq_paused{reason=\"tls\"} %d\n",
+         m->pause == METRICS_PAUSE_DATABASE ? 1 : 0, m->pause == METRICS_PAUSE_SCHEMA ? 1 : 0,
+         m->pause == METRICS_PAUSE_TLS ? 1 : 0);
     emit(&b, "# HELP idemq_schema_errors_total Pauses caused by a schema error.\n"
              "# TYPE idemq_schema_errors_total counter\n"
              "idemq_schema_errors_total %" PRIu64 "\n",

@@ -34,6 +34,7 @@ typedef enum metrics_pause {
     METRICS_PAUSE_NONE = 0,
     METRICS_PAUSE_DATABASE,  /* unreachable, lost, read-only */
     METRICS_PAUSE_SCHEMA,    /* a table, column or grant a statement needs is missing */
+    METRICS_PAUSE_TLS,       /* TLS to MySQL fails: certificate, or TLS required vs disabled */
 } metrics_pause;
 
 typedef struct metrics metrics;

@@ -16,29 +16,41 @@ static const backoff_policy probe_backoff = {.initial_ms = 500, .max_ms = 5000};
 
 static void start_probe(outage *o);
 
-/* Records why consumption is paused; a schema error outranks an outage (it needs a person). */
+/* Records why consumption is paused; a schema or TLS error outranks an outage (it needs a
+ * person). */
 static void set_reason(outage *o, const store_job *job)
 {
     bool schema = db_error_is_schema(job->mysql_errno);
-    if (o->for_schema && !schema && job->mysql_errno == 0)
-        return; /* "waiting for the probe" says less than the schema error we already have */
+    bool tls = db_error_is_tls(job->mysql_errno);
+    if ((o->for_schema || o->for_tls) && !schema && !tls && job->mysql_errno == 0)
+        return; /* "waiting for the probe" says less than the error we already have */
     o->for_schema = schema;
+    o->for_tls = tls;
     snprintf(o->reason, sizeof o->reason, "%s",
              job->error[0] ? job->error : "database unavailable");
-    metrics_set_pause(o->metrics, schema ? METRICS_PAUSE_SCHEMA : METRICS_PAUSE_DATABASE);
+    metrics_set_pause(o->metrics, tls      ? METRICS_PAUSE_TLS
+                                  : schema ? METRICS_PAUSE_SCHEMA
+                                           : METRICS_PAUSE_DATABASE);
 }
 
 void outage_begin(outage *o, const store_job *failed)
 {
-    bool was_schema = o->for_schema;
+    bool was_schema = o->for_schema, was_tls = o->for_tls;
     set_reason(o, failed);
     if (o->paused) {
         if (o->for_schema && !was_schema)
             log_error(LOG_NO_CONTEXT, "schema error while paused: %s", o->reason);
+        if (o->for_tls && !was_tls)
+            log_error(LOG_NO_CONTEXT, "TLS error while paused: %s", o->reason);
         return;
     }
     o->paused = true;
-    if (o->for_schema)
+    if (o->for_tls)
+        log_error(LOG_NO_CONTEXT,
+                  "TLS error connecting to MySQL, pausing consumption until a connection passes "
+                  "mysql.tls (messages are held, not requeued): %s",
+                  o->reason);
+    else if (o->for_schema)
         log_error(LOG_NO_CONTEXT,
                   "schema error, pausing consumption until every statement prepares again "
                   "(messages are held, not requeued): %s",
@@ -79,6 +91,7 @@ static void resume_consuming(outage *o)
 {
     o->paused = false;
     o->for_schema = false;
+    o->for_tls = false;
     o->reason[0] = '\0';
     metrics_set_pause(o->metrics, METRICS_PAUSE_NONE);
     delivery *d = take_held(o);
@@ -125,8 +138,12 @@ static void on_probe_done(store_job *job)
         resume_consuming(o);
         return;
     }
+    bool was_tls = o->for_tls;
     set_reason(o, job);
-    if (o->for_schema)
+    if (o->for_tls)
+        log_error(LOG_NO_CONTEXT, "TLS error %s (probe %u): %s",
+                  was_tls ? "persists" : "while paused", o->probe_attempt, job->error);
+    else if (o->for_schema)
         log_error(LOG_NO_CONTEXT, "schema error persists (probe %u): %s", o->probe_attempt,
                   job->error);
     else
@@ -184,7 +201,10 @@ bool outage_probe_pending(const outage *o)
 void outage_describe(const outage *o, char *buf, size_t len)
 {
     snprintf(buf, len, "consumption paused: %s: %s",
-             o->for_schema ? "schema error" : "database unavailable", o->reason);
+             o->for_tls      ? "TLS error"
+             : o->for_schema ? "schema error"
+                             : "database unavailable",
+             o->reason);
 }
 
 void outage_stop(outage *o)

@@ -9,8 +9,9 @@
  * broker's delivery attempts (20 by default on RabbitMQ 4.x), and a message past the limit is
  * dropped. A held delivery returns to the queue only when its connection ends (once per
  * connection, e.g. at the broker's consumer_timeout: outage_drop_held) or at shutdown. A schema
- * error outranks an outage as the reason shown (it needs a person). The retry budget is never
- * spent on infrastructure.
+ * error or a TLS error (a certificate that is not trusted or names another host, TLS required
+ * on one side only) outranks an outage as the reason shown, and is logged as an error: it needs
+ * a person. The retry budget is never spent on infrastructure.
  *
  * Errors: these functions cannot fail. Thread affinity: loop thread.
  */
@@ -45,6 +46,7 @@ typedef struct outage {
     /* state */
     bool paused;                     /* consumption paused: deliveries are held */
     bool for_schema;                 /* paused for a schema error, not an unreachable server */
+    bool for_tls;                    /* paused because TLS to MySQL fails (db_error_is_tls) */
     bool stopped;                    /* outage_stop ran: no more probes */
     char reason[STORE_ERROR_MAX];    /* why paused, for /readyz and the log */
     delivery *held_head, *held_tail; /* unacked, in arrival order */

@@ -16,6 +16,7 @@
 
 #include "db/connect.h"
 #include "db/dsn.h"
+#include "db/error.h"
 #include "handlers/handler.h"
 #include "store/session.h"
 #include "store/transaction.h"
@@ -57,8 +58,15 @@ static bool worker_connect(store_worker *w, store_job *job)
         snprintf(job->error, sizeof job->error, "database unavailable (waiting for the probe)");
         return false;
     }
-    if (store_session_connect(&w->session, &w->pool->dsn, job->error, sizeof job->error) != 0)
+    unsigned error_number;
+    if (store_session_connect(&w->session, &w->pool->dsn, &error_number, job->error,
+                              sizeof job->error) != 0) {
+        /* Only a TLS failure is recorded (the outage then says "TLS error", loudly); any other
+         * connect failure stays an outage, as it always was. */
+        if (db_error_is_tls(error_number))
+            job->mysql_errno = error_number;
         return false;
+    }
     atomic_store(&w->pool->database_down, false);
     return true;
 }
@@ -175,7 +183,7 @@ int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *e
         return -1;
     }
     pool->cfg = cfg;
-    if (db_dsn_parse(cfg->mysql_url, &pool->dsn, err, err_len) != 0) {
+    if (db_dsn_from_config(cfg, &pool->dsn, err, err_len) != 0) {
         free(pool);
         return -1;
     }

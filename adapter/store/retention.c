@@ -56,7 +56,7 @@ static int ensure_ready(retention *job, char *err, size_t err_len)
     if (job->delete_stmt)
         return 0;
     if (!job->db) {
-        job->db = db_connect(&job->dsn, err, err_len);
+        job->db = db_connect(&job->dsn, NULL, err, err_len);
         if (!job->db)
             return -1;
         /* Shorter than the workers' lock wait: a sweep yields to business transactions. */
@@ -178,7 +178,7 @@ int retention_start(const config *cfg, retention **out, char *err, size_t err_le
         return -1;
     }
     job->cfg = cfg;
-    if (db_dsn_parse(cfg->mysql_url, &job->dsn, err, err_len) != 0) {
+    if (db_dsn_from_config(cfg, &job->dsn, err, err_len) != 0) {
         free(job);
         return -1;
     }

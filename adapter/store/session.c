@@ -31,10 +31,12 @@ void store_session_close(store_session *s)
     s->handler_states = NULL;
 }
 
-int store_session_connect(store_session *s, const db_dsn *dsn, char *err, size_t err_len)
+int store_session_connect(store_session *s, const db_dsn *dsn, unsigned *error_number, char *err,
+                          size_t err_len)
 {
+    *error_number = 0;
     if (!s->db)
-        s->db = db_connect(dsn, err, err_len);
+        s->db = db_connect(dsn, error_number, err, err_len);
     return s->db ? 0 : -1;
 }
 

@@ -36,8 +36,10 @@ int store_session_init(store_session *s, const config *cfg);
 /* Disconnects and frees what store_session_init allocated. Safe on zeroed storage. */
 void store_session_close(store_session *s);
 
-/* Connects to dsn (borrowed) unless connected. Returns 0, or -1 with the reason in err. */
-int store_session_connect(store_session *s, const db_dsn *dsn, char *err, size_t err_len);
+/* Connects to dsn (borrowed) unless connected. Returns 0, or -1 with the reason in err and the
+ * MySQL error number in *error_number (db_connect). */
+int store_session_connect(store_session *s, const db_dsn *dsn, unsigned *error_number, char *err,
+                          size_t err_len);
 
 /* Releases every handler state, closes the dedup insert and the connection. */
 void store_session_disconnect(store_session *s);

@@ -291,7 +291,7 @@ int main(int argc, char **argv)
     char config_path[] = "/tmp/idemq-bench-XXXXXX";
     int fd = mkstemp(config_path);
     FILE *f = fdopen(fd, "w");
-    char mysql_bench_url[1400];
+    char mysql_bench_url[2400];
     snprintf(mysql_bench_url, sizeof mysql_bench_url, "mysql://%s%s%s@%s:%u/" DATABASE "%s%s",
              dsn.user, dsn.password[0] ? ":" : "", dsn.password, dsn.host, dsn.port,
              dsn.socket[0] ? "?socket=" : "", dsn.socket);

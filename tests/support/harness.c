@@ -1194,3 +1194,33 @@ long harness_broker_messages_under(const char *prefix, int *queues)
         *queues = n;
     return total;
 }
+
+/* -------------------------------------------------- the config file, line by line (issue 9) */
+
+void harness_config_replace_line(harness *h, const char *prefix, const char *line)
+{
+    FILE *f = fopen(h->config_path, "r");
+    cr_assert(f, "cannot read %s", h->config_path);
+    char *text = NULL, *buf = NULL;
+    size_t text_len = 0, cap = 0;
+    FILE *out = open_memstream(&text, &text_len);
+    cr_assert(out);
+    bool found = false;
+    while (getline(&buf, &cap, f) >= 0) {
+        if (!found && strncmp(buf, prefix, strlen(prefix)) == 0) {
+            fprintf(out, "%s\n", line);
+            found = true;
+        } else {
+            fputs(buf, out);
+        }
+    }
+    free(buf);
+    fclose(f);
+    fclose(out);
+    cr_assert(found, "no line of %s starts with '%s'", h->config_path, prefix);
+    f = fopen(h->config_path, "w");
+    cr_assert(f, "cannot write %s", h->config_path);
+    cr_assert_eq(fwrite(text, 1, text_len, f), text_len);
+    fclose(f);
+    free(text);
+}

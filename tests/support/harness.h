@@ -292,4 +292,13 @@ bool harness_broker_queue_stats(const char *queue, long *messages, long *unacked
  * (borrowed); *queues (unless NULL) gets how many queues matched. */
 long harness_broker_messages_under(const char *prefix, int *queues);
 
+/* -------------------------------------------------- the config file, line by line (issue 9)
+ * The TLS and secrets suites point one connection of the harness's config elsewhere (another
+ * server, another user, a tls: block) while everything else stays as harness_write_config made
+ * it. */
+
+/* Replaces the line of h->config_path that starts with prefix (borrowed, e.g. "mysql: ") by
+ * line (borrowed, without its newline). Fails the test when no line starts with prefix. */
+void harness_config_replace_line(harness *h, const char *prefix, const char *line);
+
 #endif

@@ -16,7 +16,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <amqp.h>
+
 #include "config/config.h"
+#include "db/dsn.h"
 #include "ops/log.h"
 
 #ifndef IDEMQ_SOURCE_DIR
@@ -503,7 +506,7 @@ Test(config, unknown_keys_suggest_or_list)
     cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
     assert_error(r, LINE_A,
                  "unknown key 'amqp.completely_different' (known keys in amqp: url, urls, "
-                 "prefetch, heartbeat, max_body, tls)");
+                 "prefetch, heartbeat, max_body, tls"); /* more may follow */
     result_free(&r);
 }
 
@@ -1169,8 +1172,10 @@ Test(config, redact_url)
         {"amqps://user:p%40ss%3Aw@host/vh", "amqps://user:***@host/vh"},
         {"amqp://user:@host", "amqp://user:***@host"},
         {"amqp://:secret@host", "amqp://:***@host"},
-        {"mysql://u:pw@/db?socket=/tmp/a@b.sock", "mysql://u:***@/db?socket=/tmp/a@b.sock"},
-        {"mysql://h/db?socket=/tmp/a@b", "mysql://h/db?socket=/tmp/a@b"},
+        /* An '@' after the user-info is written %40: a raw one is taken as the end of it. */
+        {"mysql://u:pw@/db?socket=/tmp/a%40b.sock", "mysql://u:***@/db?socket=/tmp/a%40b.sock"},
+        {"mysql://u:pw@/db?socket=/tmp/a@b.sock", "mysql://u:***@b.sock"},
+        {"mysql://h/db?socket=/tmp/a@b", "mysql://***@b"},
         /* A raw '/' or '@' inside the password: redact up to the last '@', never leak. */
         {"amqp://user:pa/ss@host/vh", "amqp://user:***@host/vh"},
         {"amqp://user:p@ss@host", "amqp://user:***@host"},
@@ -1838,4 +1843,324 @@ Test(config, amqp_tls_needs_an_amqps_url)
     r = load_amqp_tls("amqp://guest:guest@rmq-1/%2f", "  tls: {server_name: rmq.internal}\n");
     cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
     result_free(&r);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Issue 9: URL user-info, passwords from files, mysql.tls                                      */
+
+/* The two-letter chunks of PASSWORD below: none may appear in a redacted URL or a message. */
+static const char *const secret_chunks[] = {"Sx", "Ky", "Qv", "Zw", "Jm", "Pq", "Rt", "Lb", NULL};
+#define RAW_PASSWORD "Sx@Ky/Qv?Zw#Jm:Pq%Rt[Lb]"
+#define ENCODED_PASSWORD "Sx%40Ky%2FQv%3FZw%23Jm%3APq%25Rt%5BLb%5D"
+
+static void assert_no_secret(const char *text, const char *what)
+{
+    for (size_t i = 0; secret_chunks[i]; i++)
+        cr_assert(!strstr(text, secret_chunks[i]), "%s shows part of the password: %s", what,
+                  text);
+}
+
+static const char *const amqp_schemes[] = {"amqp", "amqps", NULL};
+static const char *const mysql_schemes[] = {"mysql", NULL};
+
+/* The loader, rabbitmq-c's amqp_parse_url, db_dsn_parse and the redaction agree on every URL: the
+ * loader accepts a URL exactly when the parser does, the parser then decodes the password the
+ * test meant, and neither the redaction nor any message shows a part of it. */
+Test(config, url_userinfo_rule_matches_both_parsers_and_redaction)
+{
+    static const struct {
+        const char *password; /* as written in the URL */
+        bool valid;
+        bool amqp_parses;     /* what amqp_parse_url says, when it differs from valid */
+    } cases[] = {
+        {ENCODED_PASSWORD, true, true},
+        {"Sx%40Ky", true, true},
+        {"Sx@Ky", false, false},     /* a second '@' */
+        {"Sx/Ky", false, false},     /* ends the authority for an RFC parser */
+        {"Sx?Ky", false, false},
+        {"Sx#Ky", false, false},
+        {"Sx:Ky", false, false},     /* rabbitmq-c takes "Ky@host" for a port */
+        {"Sx%Ky", false, false},     /* '%' without two hex digits */
+        {"Sx%00Ky", false, true},    /* rabbitmq-c would cut the password short at the NUL */
+        {"Sx[Ky]", false, false},
+        {RAW_PASSWORD, false, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char url[256], copy[256], why[512], redacted[256], err[256];
+        struct amqp_connection_info info;
+        db_dsn dsn;
+
+        snprintf(url, sizeof url, "amqp://idemq:%s@127.0.0.1:5672/%%2f", cases[i].password);
+        int loader = config_check_url(url, amqp_schemes, "amqp://", false, why, sizeof why);
+        snprintf(copy, sizeof copy, "%s", url);
+        int parser = amqp_parse_url(copy, &info);
+        cr_assert_eq(loader == 0, cases[i].valid, "%s: loader %d (%s)", url, loader, why);
+        cr_assert_eq(parser == AMQP_STATUS_OK, cases[i].amqp_parses, "%s: amqp_parse_url %d", url,
+                     parser);
+        if (loader != 0)
+            assert_no_secret(why, "the loader's message");
+        config_redact_url(url, redacted, sizeof redacted);
+        cr_assert_str_eq(redacted, "amqp://idemq:***@127.0.0.1:5672/%2f", "%s", url);
+
+        snprintf(url, sizeof url, "mysql://idemq:%s@127.0.0.1:3306/idemq", cases[i].password);
+        loader = config_check_url(url, mysql_schemes, "mysql://", true, why, sizeof why);
+        parser = db_dsn_parse(url, &dsn, err, sizeof err);
+        cr_assert_eq(loader == 0, cases[i].valid, "%s: loader %d (%s)", url, loader, why);
+        cr_assert_eq(parser == 0, cases[i].valid, "%s: db_dsn_parse %d (%s)", url, parser, err);
+        if (loader != 0) {
+            assert_no_secret(why, "the loader's message");
+            assert_no_secret(err, "db_dsn_parse's message");
+        } else {
+            cr_assert_str_eq(dsn.user, "idemq");
+            cr_assert_str_eq(dsn.host, "127.0.0.1");
+        }
+        config_redact_url(url, redacted, sizeof redacted);
+        cr_assert_str_eq(redacted, "mysql://idemq:***@127.0.0.1:3306/idemq", "%s", url);
+    }
+    /* What the encoded password decodes to, in both parsers. */
+    char amqp_url[] = "amqp://idemq:" ENCODED_PASSWORD "@127.0.0.1:5672/%2f";
+    struct amqp_connection_info info;
+    cr_assert_eq(amqp_parse_url(amqp_url, &info), AMQP_STATUS_OK);
+    cr_assert_str_eq(info.password, RAW_PASSWORD);
+    db_dsn dsn;
+    char err[256];
+    cr_assert_eq(db_dsn_parse("mysql://idemq:" ENCODED_PASSWORD "@127.0.0.1:3306/idemq", &dsn, err,
+                              sizeof err),
+                 0, "%s", err);
+    cr_assert_str_eq(dsn.password, RAW_PASSWORD);
+}
+
+Test(config, redaction_never_shows_a_raw_password)
+{
+    /* The issue's example and its relatives: raw '@' with '/', '?' or '#' in the password. */
+    static const char *const urls[] = {
+        "amqp://idemq:" RAW_PASSWORD "@host/vhost",
+        "amqps://idemq:Sx@Ky/Qv?Zw#Jm@host:5671/%2f",
+        "mysql://idemq:Sx@Ky/Qv?Zw#Jm@host/db?socket=/x",
+        "mysql://idemq:Sx?Ky@host/db",
+        "mysql://Sx/Ky@host/db",               /* '/' before any ':': all of it is hidden */
+        "mysql://h/db?password=Sx@Ky",         /* an '@' in a query */
+        "mysql://h/db?password=SxKy&x=1",
+        "amqp://idemq:Sx#Ky@Qv#Zw@host",
+    };
+    char buf[256];
+    for (size_t i = 0; i < sizeof urls / sizeof urls[0]; i++) {
+        config_redact_url(urls[i], buf, sizeof buf);
+        assert_no_secret(buf, urls[i]);
+        cr_assert(strstr(buf, "***"), "%s -> %s", urls[i], buf);
+    }
+    config_redact_url("amqp://idemq:Sx@Ky/Qv?Zw#Jm@host/vhost", buf, sizeof buf);
+    cr_assert_str_eq(buf, "amqp://idemq:***@host/vhost");
+}
+
+Test(config, url_check_refuses_what_rabbitmq_c_cannot_parse)
+{
+    static const struct {
+        const char *url;
+        bool valid;
+    } cases[] = {
+        {"amqp://h/vh%2Fa", true},
+        {"amqp://h/a/b", false},        /* a raw '/' in the vhost */
+        {"amqp://h/a:b", false},
+        {"amqp://h/vh?heartbeat=5", false}, /* rabbitmq-c takes no query */
+        {"amqp://u:%C3%A9@h/", false},  /* rabbitmq-c refuses %80..%FF */
+        {"mysql://u:%C3%A9@h/db", true}, /* db_dsn_parse takes them */
+        {"mysql://u:pw@h/db?socket=/run/a%40b.sock", true},
+        {"mysql://u:pw@h/db?socket=/run/a@b.sock", false},
+    };
+    char why[512], copy[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool amqp = strncmp(cases[i].url, "amqp", 4) == 0;
+        int rc = config_check_url(cases[i].url, amqp ? amqp_schemes : mysql_schemes,
+                                  amqp ? "amqp://" : "mysql://", !amqp, why, sizeof why);
+        cr_assert_eq(rc == 0, cases[i].valid, "%s: %d (%s)", cases[i].url, rc, why);
+        if (amqp) {
+            struct amqp_connection_info info;
+            snprintf(copy, sizeof copy, "%s", cases[i].url);
+            cr_assert_eq(amqp_parse_url(copy, &info) == AMQP_STATUS_OK, cases[i].valid, "%s",
+                         cases[i].url);
+        } else {
+            db_dsn dsn;
+            char err[256];
+            cr_assert_eq(db_dsn_parse(cases[i].url, &dsn, err, sizeof err) == 0, cases[i].valid,
+                         "%s: %s", cases[i].url, err);
+        }
+    }
+}
+
+static void write_secret(const char *name, const char *content, size_t len, char *path,
+                         size_t path_len)
+{
+    snprintf(path, path_len, "%s/%s", tmpdir, name);
+    write_text(path, content, len);
+}
+
+Test(config, password_files_are_read_at_load)
+{
+    char amqp_pw[300], mysql_pw[300], yaml[1024];
+    unsetenv("IDEMQ_AMQP_PASSWORD_FILE");
+    unsetenv("IDEMQ_MYSQL_PASSWORD_FILE");
+    write_secret("amqp", RAW_PASSWORD "\n", strlen(RAW_PASSWORD) + 1, amqp_pw, sizeof amqp_pw);
+    write_secret("mysql", "  spaced out \r\n", 15, mysql_pw, sizeof mysql_pw);
+    snprintf(yaml, sizeof yaml, "password_file: %s", amqp_pw);
+    char m[400];
+    snprintf(m, sizeof m, "password_file: \"%s\"", mysql_pw);
+    result r = load_slots(yaml, m, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->amqp_password, RAW_PASSWORD);
+    cr_assert_str_eq(r.cfg->mysql_password, "  spaced out ");
+    cr_assert_str_eq(r.cfg->mysql_password_file, mysql_pw);
+    result_free(&r);
+
+    /* No file: no password from one, the URL's stays. */
+    r = load_slots(NULL, NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_null(r.cfg->amqp_password);
+    cr_assert_null(r.cfg->mysql_password);
+    result_free(&r);
+}
+
+Test(config, password_file_environment_wins_like_the_urls)
+{
+    char file_pw[300], env_pw[300], yaml[400];
+    write_secret("file", "from-file", 9, file_pw, sizeof file_pw);
+    write_secret("env", "from-env\n", 9, env_pw, sizeof env_pw);
+    setenv("IDEMQ_MYSQL_PASSWORD_FILE", env_pw, 1);
+    setenv("IDEMQ_AMQP_PASSWORD_FILE", env_pw, 1);
+    snprintf(yaml, sizeof yaml, "password_file: %s", file_pw);
+    result r = load_slots(yaml, yaml, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->mysql_password, "from-env");
+    cr_assert_str_eq(r.cfg->amqp_password, "from-env");
+    cr_assert_str_eq(r.cfg->amqp_password_file, env_pw);
+    result_free(&r);
+
+    /* A bad file named by the environment is reported under the variable's name. */
+    setenv("IDEMQ_MYSQL_PASSWORD_FILE", "/nonexistent/idemq-secret", 1);
+    unsetenv("IDEMQ_AMQP_PASSWORD_FILE");
+    r = load_slots(NULL, NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 0,
+                 "IDEMQ_MYSQL_PASSWORD_FILE (overrides mysql.password_file): cannot read the "
+                 "password file '/nonexistent/idemq-secret': No such file or directory");
+    result_free(&r);
+    unsetenv("IDEMQ_MYSQL_PASSWORD_FILE");
+}
+
+Test(config, bad_password_files_are_errors_at_their_line)
+{
+    char empty[300], newline[300], two_lines[300], big[300], text[400];
+    unsetenv("IDEMQ_AMQP_PASSWORD_FILE");
+    unsetenv("IDEMQ_MYSQL_PASSWORD_FILE");
+    write_secret("empty", "", 0, empty, sizeof empty);
+    write_secret("newline", "\n", 1, newline, sizeof newline);
+    write_secret("two", "Sx\nKy\n", 6, two_lines, sizeof two_lines);
+    static char long_password[1100];
+    memset(long_password, 'a', 1025);
+    write_secret("big", long_password, 1025, big, sizeof big);
+    const struct {
+        const char *path, *error;
+    } cases[] = {
+        {empty, "is empty"},
+        {newline, "is empty"},
+        {two_lines, "holds control characters or more than one line"},
+        {big, "is longer than 1024 bytes"},
+        {tmpdir, "is a directory"},
+        {"/nonexistent/x", "cannot read the password file '/nonexistent/x': No such file"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(text, sizeof text, "password_file: %s", cases[i].path);
+        result r = load_slots(NULL, text, NULL, NULL, NULL);
+        cr_assert_eq(r.rc, -1, "%s: errors:\n%s", cases[i].path, r.errs);
+        assert_error(r, LINE_M, "mysql.password_file: ");
+        assert_error(r, LINE_M, cases[i].error);
+        assert_no_secret(r.errs, "a password file error");
+        result_free(&r);
+        r = load_slots(text, NULL, NULL, NULL, NULL);
+        assert_error(r, LINE_A, "amqp.password_file: ");
+        assert_error(r, LINE_A, cases[i].error);
+        result_free(&r);
+    }
+    /* The largest password that fits, with its newline. */
+    memset(long_password, 'b', 1024);
+    long_password[1024] = '\n';
+    write_secret("fits", long_password, 1025, big, sizeof big);
+    snprintf(text, sizeof text, "password_file: %s", big);
+    result r = load_slots(NULL, text, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(strlen(r.cfg->mysql_password), 1024);
+    result_free(&r);
+}
+
+Test(config, mysql_tls_defaults_to_preferred_and_takes_every_mode)
+{
+    result r = load_slots(NULL, NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->mysql_tls.mode, CONFIG_MYSQL_TLS_PREFERRED);
+    cr_assert_null(r.cfg->mysql_tls.ca_file);
+    result_free(&r);
+
+    static const struct {
+        const char *word;
+        config_mysql_tls_mode mode;
+    } modes[] = {{"disabled", CONFIG_MYSQL_TLS_DISABLED},
+                 {"preferred", CONFIG_MYSQL_TLS_PREFERRED},
+                 {"required", CONFIG_MYSQL_TLS_REQUIRED},
+                 {"verify_ca", CONFIG_MYSQL_TLS_VERIFY_CA},
+                 {"verify_identity", CONFIG_MYSQL_TLS_VERIFY_IDENTITY}};
+    char text[1200], ca[300], cert[300], key[300];
+    write_secret("ca.pem", "x", 1, ca, sizeof ca);
+    write_secret("client.pem", "x", 1, cert, sizeof cert);
+    write_secret("client.key", "x", 1, key, sizeof key);
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        snprintf(text, sizeof text, "tls: {mode: %s}", modes[i].word);
+        r = load_slots(NULL, text, NULL, NULL, NULL);
+        cr_assert_eq(r.rc, 0, "%s: errors:\n%s", modes[i].word, r.errs);
+        cr_assert_eq(r.cfg->mysql_tls.mode, modes[i].mode);
+        result_free(&r);
+    }
+    snprintf(text, sizeof text, "tls: {mode: verify_identity, ca_file: %s, cert_file: %s, "
+                                "key_file: %s}",
+             ca, cert, key);
+    r = load_slots(NULL, text, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_str_eq(r.cfg->mysql_tls.ca_file, ca);
+    cr_assert_str_eq(r.cfg->mysql_tls.cert_file, cert);
+    cr_assert_str_eq(r.cfg->mysql_tls.key_file, key);
+    result_free(&r);
+    /* A client certificate with preferred or required (servers that require X509). */
+    snprintf(text, sizeof text, "tls: {mode: required, cert_file: %s, key_file: %s}", cert, key);
+    r = load_slots(NULL, text, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    result_free(&r);
+}
+
+Test(config, mysql_tls_combinations_are_checked_at_their_line)
+{
+    char ca[300], cert[300];
+    write_secret("ca.pem", "x", 1, ca, sizeof ca);
+    write_secret("client.pem", "x", 1, cert, sizeof cert);
+    char t[6][600];
+    snprintf(t[0], sizeof t[0], "tls: {mode: required, ca_file: %s}", ca);
+    snprintf(t[1], sizeof t[1], "tls: {mode: preferred, ca_file: %s}", ca);
+    snprintf(t[2], sizeof t[2], "tls: {mode: disabled, ca_file: %s}", ca);
+    snprintf(t[3], sizeof t[3], "tls: {mode: verify_ca, cert_file: %s}", cert);
+    snprintf(t[4], sizeof t[4], "tls: {mode: disabled, key_file: %s}", cert);
+    snprintf(t[5], sizeof t[5], "tls: {mode: verify_ca, ca_file: %s/missing.pem}", tmpdir);
+    const slot_case cases[] = {
+        {'M', t[0], "mysql.tls.ca_file is only used by mode verify_ca or verify_identity; mode "
+                    "required does not check the server's certificate"},
+        {'M', t[1], "mode preferred does not check the server's certificate"},
+        {'M', t[2], "mysql.tls.ca_file is not used with mode disabled"},
+        {'M', t[3], "mysql.tls.cert_file needs mysql.tls.key_file too"},
+        {'M', t[4], "mysql.tls.key_file is not used with mode disabled"},
+        {'M', t[5], "mysql.tls.ca_file: cannot read '"},
+        {'M', "tls: {mode: verify}", "mysql.tls.mode: 'verify' is not one of: disabled, "
+                                     "preferred, required, verify_ca, verify_identity"},
+        {'M', "tls: {mode: verify_ca, ca_fil: /x}",
+         "unknown key 'mysql.tls.ca_fil' (did you mean 'mysql.tls.ca_file'?)"},
+        {'M', "tls: verify_identity", "mysql.tls: expected a mapping, got a string"},
+        {'M', "tls: {mode: verify_identity}", NULL}, /* the system trust store */
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
 }
