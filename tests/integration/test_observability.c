@@ -872,6 +872,7 @@ Test(observability, prometheus_scrapes_a_live_idemq_and_every_expression_has_dat
             cr_assert(result, "alert %s: signal %s: %s", name, signal, why);
             cr_assert(json_array_size(result) > 0, "alert %s: its signal has no data: %s", name,
                       signal);
+            cr_log_info("alert %s: signal %s: %zu series", name, signal, json_array_size(result));
             json_decref(result);
             seen++;
         }
@@ -895,7 +896,9 @@ Test(observability, prometheus_scrapes_a_live_idemq_and_every_expression_has_dat
               run.retry_success);
     cr_assert(fabs(run.duplicates - 1.0 / 3.0) < 1e-9, "duplicates %g, expected 1/3",
               run.duplicates);
-    cr_assert(run.dead_letters >= 2 && run.dead_letters < 3, "dead letters in range %g",
+    /* increase() extrapolates to the query's instant: by at most 1.1 scrape intervals over
+     * the several seconds sampled since the first scrape. */
+    cr_assert(run.dead_letters >= 2 && run.dead_letters < 3.5, "dead letters in range %g",
               run.dead_letters);
     json_decref(dash);
 
