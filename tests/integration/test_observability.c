@@ -841,6 +841,9 @@ Test(observability, prometheus_scrapes_a_live_idemq_and_every_expression_has_dat
     wait_prometheus("sum(idemq_dead_lettered_total)", 2, 20000);
     wait_prometheus("sum(idemq_retry_recovered_total)", 1, 20000);
     wait_prometheus("sum(idemq_retry_dead_lettered_total)", 1, 20000);
+    /* The start time is the same at every scrape (IdemqRestarting counts its changes). */
+    cr_assert_eq(query_scalar("changes(process_start_time_seconds{job=\"idemq\"}[10m])"), 0.0,
+                 "process_start_time_seconds changed between scrapes of one process");
     /* The rules evaluated on it: the dead-letter alert fires, once per class. */
     cr_assert(harness_wait_for(both_dead_letter_alerts_fire, &F.h, NULL, 20000),
               "IdemqDeadLetters did not fire for both classes on %s", F.h.queue);

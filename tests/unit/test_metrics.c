@@ -162,6 +162,8 @@ Test(metrics, process_metrics_describe_this_process)
     char *later = render(m);
     cr_assert(value_of(later, "process_cpu_seconds_total") >= cpu + 0.1, "cpu %g then %g", cpu,
               value_of(later, "process_cpu_seconds_total"));
+    /* The start time does not move between renders (an alert counts its changes as restarts). */
+    cr_assert_eq(value_of(later, "process_start_time_seconds"), start);
     free(later);
     free(page);
     metrics_free(m);
