@@ -190,22 +190,23 @@ Test(observability, alert_rules_and_scrape_config_pass_promtool, .timeout = 60)
     require_tool("promtool", "prometheus", promtool, sizeof promtool);
     const char *dir = IDEMQ_SOURCE_DIR "/examples/prometheus";
 
-    const char *check_rules[] = {promtool, "check", "rules", IDEMQ_SOURCE_DIR
-                                 "/examples/prometheus/idemq-alerts.yml", NULL};
+    const char *check_rules[] = {promtool, "check", "rules",
+                                 IDEMQ_SOURCE_DIR "/examples/prometheus/idemq-alerts.yml", NULL};
     int rc = run_command(check_rules, NULL, &out);
     cr_assert_eq(rc, 0, "promtool check rules failed (%d):\n%s", rc, out);
     free(out);
 
     /* promtool test rules resolves rule_files relative to the test file. */
-    const char *test_rules[] = {promtool, "test", "rules", IDEMQ_SOURCE_DIR
-                                "/examples/prometheus/idemq-alerts_test.yml", NULL};
+    const char *test_rules[] = {promtool, "test", "rules",
+                                IDEMQ_SOURCE_DIR "/examples/prometheus/idemq-alerts_test.yml",
+                                NULL};
     rc = run_command(test_rules, NULL, &out);
     cr_assert_eq(rc, 0, "promtool test rules failed (%d):\n%s", rc, out);
     cr_assert(strstr(out, "SUCCESS"), "%s", out);
     free(out);
 
-    const char *check_config[] = {promtool, "check", "config", IDEMQ_SOURCE_DIR
-                                  "/examples/prometheus/prometheus.yml", NULL};
+    const char *check_config[] = {promtool, "check", "config",
+                                  IDEMQ_SOURCE_DIR "/examples/prometheus/prometheus.yml", NULL};
     rc = run_command(check_config, NULL, &out);
     cr_assert_eq(rc, 0, "promtool check config failed (%d):\n%s", rc, out);
     free(out);
@@ -218,8 +219,8 @@ Test(observability, alert_rules_and_scrape_config_pass_promtool, .timeout = 60)
         char name[128], needle[160];
         cr_assert_eq(sscanf(p, "- alert: %127s", name), 1);
         snprintf(needle, sizeof needle, "alertname: %s\n", name);
-        cr_expect(strstr(tests, needle), "alert %s has no test in %s/idemq-alerts_test.yml",
-                  name, dir);
+        cr_expect(strstr(tests, needle), "alert %s has no test in %s/idemq-alerts_test.yml", name,
+                  dir);
         alerts++;
     }
     cr_assert(alerts >= 10, "only %d alerts found", alerts);
@@ -258,7 +259,8 @@ Test(observability, kubernetes_manifests_parse_and_agree_with_idemq, .timeout = 
 static json_t *load_dashboard(void)
 {
     json_error_t err;
-    json_t *dash = json_load_file(IDEMQ_SOURCE_DIR "/examples/grafana/idemq-dashboard.json", 0, &err);
+    json_t *dash =
+        json_load_file(IDEMQ_SOURCE_DIR "/examples/grafana/idemq-dashboard.json", 0, &err);
     cr_assert(dash, "idemq-dashboard.json: line %d: %s", err.line, err.text);
     return dash;
 }
@@ -268,7 +270,8 @@ static void each_panel(json_t *panels, void (*fn)(json_t *panel, void *ctx), voi
 {
     size_t i;
     json_t *panel;
-    json_array_foreach(panels, i, panel) {
+    json_array_foreach(panels, i, panel)
+    {
         const char *type = json_string_value(json_object_get(panel, "type"));
         if (type && strcmp(type, "row") == 0)
             each_panel(json_object_get(panel, "panels"), fn, ctx);
@@ -297,13 +300,15 @@ static void check_panel_shape(json_t *panel, void *ctx)
     cr_assert(json_is_integer(json_object_get(grid, "w")) &&
                   json_is_integer(json_object_get(grid, "h")),
               "panel %s: gridPos needs w and h", title);
-    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(panel, "datasource"), "uid")),
-                     "${datasource}", "panel %s: not on the dashboard's data source", title);
+    cr_assert_str_eq(
+        json_string_value(json_object_get(json_object_get(panel, "datasource"), "uid")),
+        "${datasource}", "panel %s: not on the dashboard's data source", title);
     json_t *targets = json_object_get(panel, "targets");
     cr_assert(json_array_size(targets) > 0, "panel %s: no query", title);
     size_t i;
     json_t *t;
-    json_array_foreach(targets, i, t) {
+    json_array_foreach(targets, i, t)
+    {
         cr_assert(json_string_value(json_object_get(t, "refId")), "panel %s: target %zu: refId",
                   title, i);
         const char *expr = json_string_value(json_object_get(t, "expr"));
@@ -321,7 +326,8 @@ Test(observability, grafana_dashboard_is_well_formed, .timeout = 30)
     bool has_datasource = false;
     size_t i;
     json_t *v;
-    json_array_foreach(vars, i, v) {
+    json_array_foreach(vars, i, v)
+    {
         const char *type = json_string_value(json_object_get(v, "type"));
         if (type && strcmp(type, "datasource") == 0) {
             cr_assert_str_eq(json_string_value(json_object_get(v, "name")), "datasource");
@@ -474,9 +480,8 @@ static json_t *prometheus_query(const char *expr, char *why, size_t why_len)
  * "+Inf", "1.5"). */
 static double sample_value(json_t *result, size_t i)
 {
-    const char *text = json_string_value(json_array_get(json_object_get(json_array_get(result, i),
-                                                                        "value"),
-                                                        1));
+    const char *text =
+        json_string_value(json_array_get(json_object_get(json_array_get(result, i), "value"), 1));
     return text ? strtod(text, NULL) : NAN;
 }
 
@@ -557,8 +562,8 @@ static void start_prometheus(const char *config_path)
     prometheus_pid = pid;
     if (!harness_wait_for(prometheus_ready, &F.h, NULL, 30000)) {
         char *log = read_file(log_path);
-        cr_assert_fail("Prometheus did not become ready on port %d; its log:\n%s",
-                       prometheus_port, log);
+        cr_assert_fail("Prometheus did not become ready on port %d; its log:\n%s", prometheus_port,
+                       log);
     }
 }
 
@@ -595,7 +600,8 @@ static char *grafana_expand(const char *expr, json_t *vars)
         else {
             size_t i;
             json_t *v;
-            json_array_foreach(vars, i, v) {
+            json_array_foreach(vars, i, v)
+            {
                 const char *var = json_string_value(json_object_get(v, "name"));
                 const char *all = json_string_value(json_object_get(v, "allValue"));
                 if (var && strlen(var) == n && strncmp(var, name, n) == 0 && all)
@@ -673,7 +679,8 @@ static void query_panel(json_t *panel, void *ctx)
     const char *title = json_string_value(json_object_get(panel, "title"));
     size_t i;
     json_t *t;
-    json_array_foreach(json_object_get(panel, "targets"), i, t) {
+    json_array_foreach(json_object_get(panel, "targets"), i, t)
+    {
         char *expr = grafana_expand(json_string_value(json_object_get(t, "expr")), run->vars);
         char why[1024];
         json_t *result = prometheus_query(expr, why, sizeof why);
@@ -702,7 +709,8 @@ static void query_variables(json_t *vars)
 {
     size_t i;
     json_t *v;
-    json_array_foreach(vars, i, v) {
+    json_array_foreach(vars, i, v)
+    {
         const char *type = json_string_value(json_object_get(v, "type"));
         if (!type || strcmp(type, "query") != 0)
             continue;
@@ -737,7 +745,8 @@ static bool dead_letter_alert_firing(json_t *alerts, const char *queue, const ch
 {
     size_t i;
     json_t *a;
-    json_array_foreach(alerts, i, a) {
+    json_array_foreach(alerts, i, a)
+    {
         json_t *labels = json_object_get(a, "labels");
         const char *name = json_string_value(json_object_get(labels, "alertname"));
         const char *q = json_string_value(json_object_get(labels, "queue"));
@@ -762,8 +771,7 @@ static bool both_dead_letter_alerts_fire(harness *h, void *arg)
     return firing;
 }
 
-Test(observability, prometheus_scrapes_a_live_idemq_and_every_expression_has_data,
-     .timeout = 110)
+Test(observability, prometheus_scrapes_a_live_idemq_and_every_expression_has_data, .timeout = 110)
 {
     /* Retries fast enough for a test: 200 ms, 400 ms, 800 ms, then the DLQ. */
     harness_options opts = {
@@ -860,14 +868,16 @@ Test(observability, prometheus_scrapes_a_live_idemq_and_every_expression_has_dat
     free(rule_file);
     size_t gi, ri;
     json_t *group, *rule;
-    json_array_foreach(json_object_get(json_object_get(rules, "data"), "groups"), gi, group) {
-        json_array_foreach(json_object_get(group, "rules"), ri, rule) {
+    json_array_foreach(json_object_get(json_object_get(rules, "data"), "groups"), gi, group)
+    {
+        json_array_foreach(json_object_get(group, "rules"), ri, rule)
+        {
             const char *name = json_string_value(json_object_get(rule, "name"));
             const char *health = json_string_value(json_object_get(rule, "health"));
             const char *query = json_string_value(json_object_get(rule, "query"));
             cr_assert(name && query, "a rule without name or query");
-            cr_assert_str_eq(health ? health : "(none)", "ok", "rule %s: health %s, error %s",
-                             name, health ? health : "(none)",
+            cr_assert_str_eq(health ? health : "(none)", "ok", "rule %s: health %s, error %s", name,
+                             health ? health : "(none)",
                              json_string_value(json_object_get(rule, "lastError")));
             char signal[2048];
             alert_signal(query, signal, sizeof signal);
