@@ -274,6 +274,7 @@ static int start_http(runner *r)
     char err[512], address[128];
     http_server_options opts = {.listen = r->cfg->http_listen, .metrics = r->metrics,
                                 .ready = is_ready, .ready_ctx = r};
+    metrics_set_ready_probe(r->metrics, is_ready, r); /* idemq_ready: the /readyz answer */
     if (http_server_new(r->loop, &opts, &r->http, err, sizeof err) != 0) {
         log_error(LOG_NO_CONTEXT, "http: %s", err);
         return -1;

@@ -4,11 +4,14 @@
  */
 #include "ops/metrics.h"
 
+#include <dirent.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 static const double bucket_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                        0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
@@ -17,6 +20,8 @@ static const double bucket_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 
 typedef struct consumer_metrics {
     uint64_t counts[OUTCOME_LABEL_COUNT];
     uint64_t recovered;
+    uint64_t retry_dead_lettered;
+    uint64_t dead_lettered[2]; /* by class: non_retryable, retries_exhausted */
     uint64_t buckets[BUCKETS];   /* non-cumulative; cumulated when rendered */
     uint64_t observations;
     double seconds_sum;
@@ -30,7 +35,11 @@ struct metrics {
     bool up[2];
     metrics_pause pause;
     uint64_t schema_errors;
+    metrics_ready_fn ready;
+    void *ready_ctx;
 };
+
+static const char *const dead_letter_classes[2] = {"non_retryable", "retries_exhausted"};
 
 metrics *metrics_new(const config *cfg)
 {
@@ -64,6 +73,19 @@ void metrics_retry_recovered(metrics *m, size_t consumer)
 {
     if (consumer < m->cfg->consumer_count)
         m->consumers[consumer].recovered++;
+}
+
+void metrics_dead_lettered(metrics *m, size_t consumer, error_class cls, bool after_retry)
+{
+    if (consumer >= m->cfg->consumer_count)
+        return;
+    consumer_metrics *c = &m->consumers[consumer];
+    if (cls == ERROR_CLASS_NON_RETRYABLE)
+        c->dead_lettered[0]++;
+    else if (cls == ERROR_CLASS_RETRIES_EXHAUSTED)
+        c->dead_lettered[1]++;
+    if (after_retry)
+        c->retry_dead_lettered++;
 }
 
 void metrics_observe_handler(metrics *m, size_t consumer, uint64_t duration_ns)
@@ -110,6 +132,12 @@ void metrics_set_pause(metrics *m, metrics_pause pause)
 metrics_pause metrics_get_pause(const metrics *m)
 {
     return m->pause;
+}
+
+void metrics_set_ready_probe(metrics *m, metrics_ready_fn ready, void *ctx)
+{
+    m->ready = ready;
+    m->ready_ctx = ctx;
 }
 
 uint64_t metrics_get_count(const metrics *m, size_t consumer, outcome_label label)
@@ -176,6 +204,109 @@ static void escape_label(const char *value, char *out, size_t cap)
     out[n] = '\0';
 }
 
+/* What /proc says about this process; false when it cannot be read (not Linux, no /proc). */
+typedef struct process_sample {
+    double cpu_seconds, start_time_seconds;
+    uint64_t resident_bytes, virtual_bytes;
+    long open_fds;     /* -1: unknown */
+    long long max_fds; /* -1: unknown or unlimited */
+} process_sample;
+
+/* Boot time (btime of /proc/stat), seconds since the epoch; 0 when unknown. */
+static long long boot_time_seconds(void)
+{
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    long long btime = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "btime %lld", &btime) == 1)
+            break;
+    fclose(f);
+    return btime;
+}
+
+static bool process_read(process_sample *p)
+{
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f)
+        return false;
+    char line[1024];
+    bool got = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    /* "pid (comm) state ppid ...": comm may hold spaces and parentheses, so fields are counted
+     * from the last ')'. After it: field 3 (state) ... 14 utime, 15 stime, 22 starttime (clock
+     * ticks), 23 vsize (bytes), 24 rss (pages). */
+    const char *rest = got ? strrchr(line, ')') : NULL;
+    if (!rest)
+        return false;
+    unsigned long long utime, stime, starttime, vsize;
+    long long rss;
+    if (sscanf(rest + 1,
+               " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d "
+               "%llu %llu %lld",
+               &utime, &stime, &starttime, &vsize, &rss) != 5)
+        return false;
+    long ticks = sysconf(_SC_CLK_TCK);
+    long page = sysconf(_SC_PAGESIZE);
+    if (ticks <= 0 || page <= 0)
+        return false;
+    p->cpu_seconds = (double)(utime + stime) / (double)ticks;
+    long long btime = boot_time_seconds();
+    p->start_time_seconds = btime > 0 ? (double)btime + (double)starttime / (double)ticks : 0;
+    p->virtual_bytes = vsize;
+    p->resident_bytes = rss > 0 ? (uint64_t)rss * (uint64_t)page : 0;
+    p->open_fds = -1;
+    DIR *dir = opendir("/proc/self/fd");
+    if (dir) {
+        long n = 0;
+        for (struct dirent *e; (e = readdir(dir)) != NULL;)
+            if (e->d_name[0] != '.')
+                n++;
+        closedir(dir);
+        p->open_fds = n - 1; /* not the descriptor opendir itself holds */
+    }
+    struct rlimit limit;
+    p->max_fds = getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
+                     ? (long long)limit.rlim_cur
+                     : -1;
+    return true;
+}
+
+static void render_process(text_buffer *b)
+{
+    process_sample p;
+    if (!process_read(&p))
+        return;
+    emit(b, "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+            "# TYPE process_cpu_seconds_total counter\n"
+            "process_cpu_seconds_total %.2f\n"
+            "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+            "# TYPE process_resident_memory_bytes gauge\n"
+            "process_resident_memory_bytes %" PRIu64 "\n"
+            "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+            "# TYPE process_virtual_memory_bytes gauge\n"
+            "process_virtual_memory_bytes %" PRIu64 "\n",
+         p.cpu_seconds, p.resident_bytes, p.virtual_bytes);
+    if (p.start_time_seconds > 0)
+        emit(b, "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+                "seconds.\n"
+                "# TYPE process_start_time_seconds gauge\n"
+                "process_start_time_seconds %.2f\n",
+             p.start_time_seconds);
+    if (p.open_fds >= 0)
+        emit(b, "# HELP process_open_fds Number of open file descriptors.\n"
+                "# TYPE process_open_fds gauge\n"
+                "process_open_fds %ld\n",
+             p.open_fds);
+    if (p.max_fds >= 0)
+        emit(b, "# HELP process_max_fds Maximum number of open file descriptors.\n"
+                "# TYPE process_max_fds gauge\n"
+                "process_max_fds %lld\n",
+             p.max_fds);
+}
+
 int metrics_render(const metrics *m, char **out, size_t *len)
 {
     text_buffer b = {.cap = 4096};
@@ -186,6 +317,10 @@ int metrics_render(const metrics *m, char **out, size_t *len)
     size_t n = m->cfg->consumer_count;
     char queue[512];
 
+    emit(&b, "# HELP idemq_build_info The version of this idemq binary.\n"
+             "# TYPE idemq_build_info gauge\n"
+             "idemq_build_info{version=\"%s\"} 1\n",
+         IDEMQ_VERSION);
     emit(&b, "# HELP idemq_messages_total Messages settled, by outcome.\n"
              "# TYPE idemq_messages_total counter\n");
     for (size_t i = 0; i < n; i++) {
@@ -200,6 +335,24 @@ int metrics_render(const metrics *m, char **out, size_t *len)
         escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
         emit(&b, "idemq_retry_recovered_total{queue=\"%s\"} %" PRIu64 "\n", queue,
              m->consumers[i].recovered);
+    }
+    emit(&b, "# HELP idemq_dead_lettered_total Dead letters confirmed by the broker, by class: "
+             "non_retryable (failed at once: bad body, illegal transition, ...) or "
+             "retries_exhausted.\n"
+             "# TYPE idemq_dead_lettered_total counter\n");
+    for (size_t i = 0; i < n; i++) {
+        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
+        for (size_t k = 0; k < 2; k++)
+            emit(&b, "idemq_dead_lettered_total{queue=\"%s\",class=\"%s\"} %" PRIu64 "\n", queue,
+                 dead_letter_classes[k], m->consumers[i].dead_lettered[k]);
+    }
+    emit(&b, "# HELP idemq_retry_dead_lettered_total Messages dead-lettered after at least one "
+             "retry.\n"
+             "# TYPE idemq_retry_dead_lettered_total counter\n");
+    for (size_t i = 0; i < n; i++) {
+        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
+        emit(&b, "idemq_retry_dead_lettered_total{queue=\"%s\"} %" PRIu64 "\n", queue,
+             m->consumers[i].retry_dead_lettered);
     }
     emit(&b, "# HELP idemq_handler_duration_seconds Time of one dedup + handler transaction.\n"
              "# TYPE idemq_handler_duration_seconds histogram\n");
@@ -249,6 +402,15 @@ int metrics_render(const metrics *m, char **out, size_t *len)
              "idemq_up{dependency=\"rabbitmq\"} %d\n"
              "idemq_up{dependency=\"mysql\"} %d\n",
          m->up[METRICS_DEP_RABBITMQ] ? 1 : 0, m->up[METRICS_DEP_MYSQL] ? 1 : 0);
+    if (m->ready) {
+        char reason[256];
+        emit(&b, "# HELP idemq_ready Whether /readyz answers 200: connected to RabbitMQ and "
+                 "MySQL, consuming, not paused, not shutting down.\n"
+                 "# TYPE idemq_ready gauge\n"
+                 "idemq_ready %d\n",
+             m->ready(m->ready_ctx, reason, sizeof reason) ? 1 : 0);
+    }
+    render_process(&b);
     if (b.failed) {
         free(b.data);
         return -1;

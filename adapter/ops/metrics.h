@@ -2,18 +2,30 @@
  * metrics — counters, gauges and the handler-duration histogram, rendered in the Prometheus
  * text format (version 0.0.4).
  *
+ *   idemq_build_info{version}                1: the version of this binary
  *   idemq_messages_total{queue,outcome}      processed, deduped, state_noop, retried,
  *                                            dead_lettered, requeued
+ *   idemq_dead_lettered_total{queue,class}   dead letters by class: non_retryable,
+ *                                            retries_exhausted
  *   idemq_retry_recovered_total{queue}       processed after at least one retry
+ *   idemq_retry_dead_lettered_total{queue}   dead-lettered after at least one retry
  *   idemq_handler_duration_seconds{queue}    histogram of the DB transaction time
  *   idemq_inflight{queue}                    deliveries received and not yet settled
  *   idemq_held{queue}                        deliveries held unacked while paused
  *   idemq_paused{reason="database"|"schema"} 1 while consumption is paused for that reason
  *   idemq_schema_errors_total                pauses caused by a schema error
  *   idemq_up{dependency="rabbitmq"|"mysql"}  1 when the dependency answers
+ *   idemq_ready                              1 when /readyz answers 200 (asked at each render,
+ *                                            when a readiness probe is set)
+ *   process_*                                the standard process metrics, read from /proc at
+ *                                            each render (left out where /proc cannot be read):
+ *                                            cpu_seconds_total, resident_memory_bytes,
+ *                                            virtual_memory_bytes, open_fds, max_fds,
+ *                                            start_time_seconds
  *
  * Thread affinity: loop thread only (updates come from the loop after each outcome; the HTTP
- * endpoint renders on the loop too), so no locks.
+ * endpoint renders on the loop too), so no locks. Rendering reads local /proc files, never the
+ * network.
  */
 #ifndef IDEMQ_METRICS_H
 #define IDEMQ_METRICS_H
@@ -45,6 +57,10 @@ void metrics_free(metrics *m);
 
 void metrics_count(metrics *m, size_t consumer, outcome_label label);
 void metrics_retry_recovered(metrics *m, size_t consumer);
+/* A dead letter confirmed by the broker: cls is its idemq-error-class (non_retryable or
+ * retries_exhausted; anything else counts nowhere), after_retry whether the delivery had been
+ * retried before (idemq-retries > 0), which counts it as a failed retry too. */
+void metrics_dead_lettered(metrics *m, size_t consumer, error_class cls, bool after_retry);
 void metrics_observe_handler(metrics *m, size_t consumer, uint64_t duration_ns);
 void metrics_inflight_add(metrics *m, size_t consumer, int delta);
 void metrics_set_up(metrics *m, metrics_dependency dependency, bool up);
@@ -52,6 +68,11 @@ void metrics_held_add(metrics *m, size_t consumer, int delta);
 /* Entering METRICS_PAUSE_SCHEMA from another state counts one schema error. */
 void metrics_set_pause(metrics *m, metrics_pause pause);
 metrics_pause metrics_get_pause(const metrics *m);
+
+/* The readiness answer idemq_ready renders (the same callback as /readyz: it must not block);
+ * ready NULL leaves idemq_ready out. ctx is borrowed and must outlive the metrics' last render. */
+typedef bool (*metrics_ready_fn)(void *ctx, char *reason, size_t reason_len);
+void metrics_set_ready_probe(metrics *m, metrics_ready_fn ready, void *ctx);
 
 uint64_t metrics_get_count(const metrics *m, size_t consumer, outcome_label label);
 bool metrics_get_up(const metrics *m, metrics_dependency dependency);

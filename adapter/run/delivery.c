@@ -97,6 +97,8 @@ void delivery_count_outcome(const delivery *d, metrics *m, outcome_label label)
     metrics_count(m, d->msg->consumer_index, label);
     if (label == OUTCOME_PROCESSED && d->retries > 0)
         metrics_retry_recovered(m, d->msg->consumer_index);
+    if (label == OUTCOME_DEAD_LETTERED)
+        metrics_dead_lettered(m, d->msg->consumer_index, d->out.error_class, d->retries > 0);
 }
 
 void delivery_free(delivery *d)

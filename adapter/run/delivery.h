@@ -60,7 +60,8 @@ int delivery_decode(delivery *d, size_t max_body);
 /* The log context of d with outcome_name (borrowed; may be NULL). */
 log_context delivery_log_context(const delivery *d, const char *outcome_name);
 
-/* Counts label for d's queue, and a message processed after retries as recovered. */
+/* Counts label for d's queue, a message processed after retries as recovered, and a dead letter
+ * by its class (d->out.error_class) and, after retries, as a failed retry. */
 void delivery_count_outcome(const delivery *d, metrics *m, outcome_label label);
 
 /* Releases d, its message and its envelope. NULL is a no-op. */
