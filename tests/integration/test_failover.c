@@ -193,47 +193,6 @@ static int queue_members(int node, const char *queue)
     return members;
 }
 
-static void publish_payments(harness *h, int count)
-{
-    char **bodies = calloc((size_t)count, sizeof *bodies);
-    size_t *lens = calloc((size_t)count, sizeof *lens);
-    cr_assert(bodies && lens);
-    for (int i = 0; i < count; i++) {
-        bodies[i] = malloc(256);
-        cr_assert(bodies[i]);
-        lens[i] = (size_t)snprintf(bodies[i], 256,
-                                   "{\"biz_key\":\"order_id:f%d:PAY_SUCCESS\",\"order_id\":\"f%d\","
-                                   "\"event_type\":\"PAY_SUCCESS\",\"amount\":%d}",
-                                   i, i, i);
-    }
-    harness_publish_batch(h, NULL, "application/json", (const void *const *)bodies, lens,
-                          (size_t)count);
-    for (int i = 0; i < count; i++)
-        free(bodies[i]);
-    free(bodies);
-    free(lens);
-}
-
-/* Sum of a counter over every "summary" line of the log (one per run of idemq). */
-static long summary_total(harness *h, const char *counter)
-{
-    json_t *all = harness_log_load(h);
-    char needle[64];
-    snprintf(needle, sizeof needle, " %s=", counter);
-    long total = 0;
-    size_t i;
-    json_t *line;
-    json_array_foreach(all, i, line)
-    {
-        const char *msg = json_string_value(json_object_get(line, "msg"));
-        const char *p = msg && strncmp(msg, "summary ", 8) == 0 ? strstr(msg, needle) : NULL;
-        if (p)
-            total += atol(p + strlen(needle));
-    }
-    json_decref(all);
-    return total;
-}
-
 typedef struct log_event {
     int64_t ts_ms; /* -1: not found */
     long line;     /* index in the log */
@@ -324,7 +283,8 @@ Test(failover, kill_9_of_the_connected_node_fails_over_and_applies_each_event_on
     /* 3 ms per update keeps the run going for several seconds, so the kill lands mid-run. */
     harness_sql(h, "CREATE TRIGGER slow_updates BEFORE UPDATE ON orders FOR EACH ROW "
                    "SET @idemq_test_pause = SLEEP(0.003)");
-    publish_payments(h, EVENTS); /* confirmed: on a majority of the work queue's members */
+    /* Confirmed: on a majority of the work queue's members. */
+    harness_publish_payments(h, "f", EVENTS);
 
     harness_start_idemq(h, "started consuming", 60000, &fixture.daemon);
     json_t *all = harness_log_load(h);
@@ -385,9 +345,9 @@ Test(failover, kill_9_of_the_connected_node_fails_over_and_applies_each_event_on
      * deliveries whose acks died with the node came back and were recognised as duplicates. */
     cr_expect_eq(harness_scalar(h, "SELECT COUNT(*) FROM msg_dedup"), EVENTS);
     cr_expect_eq(harness_scalar(h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
-    cr_expect_eq(summary_total(h, "processed"), EVENTS);
-    cr_expect_eq(summary_total(h, "dead_lettered"), 0);
-    cr_log_info("deduped redeliveries: %ld", summary_total(h, "deduped"));
+    cr_expect_eq(harness_summary_total(h->log_path, "processed"), EVENTS);
+    cr_expect_eq(harness_summary_total(h->log_path, "dead_lettered"), 0);
+    cr_log_info("deduped redeliveries: %ld", harness_summary_total(h->log_path, "deduped"));
     /* Nothing left anywhere: work queue, ladder, DLQ (idemq is stopped: nothing unacked). */
     cr_expect_eq(harness_queue_depth(h, h->queue), 0);
     for (int level = 1; level <= RETRIES; level++) {

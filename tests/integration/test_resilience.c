@@ -18,50 +18,6 @@
 
 #define EVENTS 3000
 
-static void publish_payments(harness *h, const char *prefix, int count)
-{
-    char **bodies = calloc((size_t)count, sizeof *bodies);
-    size_t *lens = calloc((size_t)count, sizeof *lens);
-    cr_assert(bodies && lens);
-    for (int i = 0; i < count; i++) {
-        bodies[i] = malloc(256);
-        cr_assert(bodies[i]);
-        lens[i] = (size_t)snprintf(bodies[i], 256,
-                                   "{\"biz_key\":\"order_id:%s%d:PAY_SUCCESS\",\"order_id\":\"%s%d\","
-                                   "\"event_type\":\"PAY_SUCCESS\",\"amount\":%d}",
-                                   prefix, i, prefix, i, i);
-    }
-    harness_publish_batch(h, NULL, "application/json", (const void *const *)bodies, lens,
-                          (size_t)count);
-    for (int i = 0; i < count; i++)
-        free(bodies[i]);
-    free(bodies);
-    free(lens);
-}
-
-/* Sum of a counter over every "summary" line of a log (one per run of idemq). */
-static long summary_total(const char *log_path, const char *counter)
-{
-    FILE *f = fopen(log_path, "r");
-    if (!f)
-        return 0;
-    char needle[64];
-    snprintf(needle, sizeof needle, " %s=", counter);
-    long total = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) >= 0) {
-        if (!strstr(line, "\"msg\":\"summary "))
-            continue;
-        const char *p = strstr(line, needle);
-        if (p)
-            total += atol(p + strlen(needle));
-    }
-    free(line);
-    fclose(f);
-    return total;
-}
-
 /* Waits until idemq has committed at least n messages, so a fault lands mid-run. */
 static void wait_applied_at_least(harness *h, long n)
 {
@@ -104,7 +60,7 @@ Test(resilience, sigterm_under_load_acks_in_flight_and_exits_zero, .timeout = 18
     harness_init(&h, "sigterm", &opts);
     harness_insert_orders(&h, "s", EVENTS, "PAYING");
     harness_declare_topology(&h);
-    publish_payments(&h, "s", EVENTS);
+    harness_publish_payments(&h, "s", EVENTS);
 
     pid_t pid = harness_spawn(&h);
     wait_applied_at_least(&h, 300);
@@ -127,9 +83,9 @@ Test(resilience, sigterm_under_load_acks_in_flight_and_exits_zero, .timeout = 18
     cr_assert(harness_wait_scalar(&h, EVENTS, 120000, "SELECT COUNT(*) FROM msg_dedup"));
     cr_assert_eq(harness_stop(pid, SIGTERM, 25000), 0);
     cr_expect_eq(harness_scalar(&h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
-    cr_expect_eq(summary_total(h.log_path, "processed"), EVENTS);
+    cr_expect_eq(harness_summary_total(h.log_path, "processed"), EVENTS);
     /* In-flight work was acked before exit, so nothing came back as a duplicate. */
-    cr_expect_eq(summary_total(h.log_path, "deduped"), 0);
+    cr_expect_eq(harness_summary_total(h.log_path, "deduped"), 0);
     cr_expect_eq(harness_queue_depth(&h, h.queue), 0);
     harness_fini(&h);
 }
@@ -144,7 +100,7 @@ static void restart_mid_run(const char *name, const char *stop_args, const char 
     harness_sql(&h, "CREATE TRIGGER slow_updates BEFORE UPDATE ON orders FOR EACH ROW "
                     "SET @idemq_test_pause = SLEEP(0.02)");
     harness_declare_topology(&h);
-    publish_payments(&h, "r", EVENTS);
+    harness_publish_payments(&h, "r", EVENTS);
     pid_t pid = harness_spawn(&h);
     wait_applied_at_least(&h, 300);
 
@@ -176,8 +132,8 @@ static void restart_mid_run(const char *name, const char *stop_args, const char 
     cr_expect_eq(harness_scalar(&h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
     /* Exactly once: every event committed once; redeliveries of work finished while the
      * connection was down were recognised by the dedup row. */
-    cr_expect_eq(summary_total(h.log_path, "processed"), EVENTS);
-    cr_expect_eq(summary_total(h.log_path, "dead_lettered"), 0);
+    cr_expect_eq(harness_summary_total(h.log_path, "processed"), EVENTS);
+    cr_expect_eq(harness_summary_total(h.log_path, "dead_lettered"), 0);
     cr_expect_eq(harness_queue_depth(&h, h.queue), 0);
     if (!start_args) {
         harness_wait_quorum_ready(&h, 60000);
@@ -248,7 +204,7 @@ Test(resilience, one_consumers_failures_do_not_block_another, .timeout = 180)
         harness_publish(&b, NULL, "application/json", body, (size_t)n, NULL);
     }
     pid_t pid = harness_spawn(&a);
-    publish_payments(&a, "m", 500);
+    harness_publish_payments(&a, "m", 500);
     cr_assert(harness_wait_scalar(&a, 500, 60000,
                                   "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"),
               "consumer A was held up by consumer B's failures (log: %s)", a.log_path);

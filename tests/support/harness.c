@@ -1224,3 +1224,46 @@ void harness_config_replace_line(harness *h, const char *prefix, const char *lin
     fclose(f);
     free(text);
 }
+
+void harness_publish_payments(harness *h, const char *prefix, int count)
+{
+    char **bodies = calloc((size_t)count, sizeof *bodies);
+    size_t *lens = calloc((size_t)count, sizeof *lens);
+    cr_assert(bodies && lens);
+    for (int i = 0; i < count; i++) {
+        bodies[i] = malloc(256);
+        cr_assert(bodies[i]);
+        lens[i] = (size_t)snprintf(bodies[i], 256,
+                                   "{\"biz_key\":\"order_id:%s%d:PAY_SUCCESS\",\"order_id\":\"%s%d\","
+                                   "\"event_type\":\"PAY_SUCCESS\",\"amount\":%d}",
+                                   prefix, i, prefix, i, i);
+    }
+    harness_publish_batch(h, NULL, "application/json", (const void *const *)bodies, lens,
+                          (size_t)count);
+    for (int i = 0; i < count; i++)
+        free(bodies[i]);
+    free(bodies);
+    free(lens);
+}
+
+long harness_summary_total(const char *log_path, const char *counter)
+{
+    FILE *f = fopen(log_path, "r");
+    if (!f)
+        return 0;
+    char needle[64];
+    snprintf(needle, sizeof needle, " %s=", counter);
+    long total = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        if (!strstr(line, "\"msg\":\"summary "))
+            continue;
+        const char *p = strstr(line, needle);
+        if (p)
+            total += atol(p + strlen(needle));
+    }
+    free(line);
+    fclose(f);
+    return total;
+}

@@ -136,6 +136,10 @@ void harness_publish_props(harness *h, const char *exchange, const char *routing
 void harness_publish_batch(harness *h, const char *routing_key, const char *content_type,
                            const void *const *bodies, const size_t *lens, size_t count);
 
+/* Publishes count PAY_SUCCESS events for orders PREFIX0..PREFIX<count-1> (biz_key
+ * order_id:PREFIX<i>:PAY_SUCCESS, amount i) with harness_publish_batch. prefix is borrowed. */
+void harness_publish_payments(harness *h, const char *prefix, int count);
+
 /* Ready messages in a queue (passive declare). */
 long harness_queue_depth(harness *h, const char *queue);
 
@@ -218,6 +222,10 @@ bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout
  * skipped; two objects glued together by a crash mid-write are split. Each object gets "_line"
  * (0-based index in the array) and "_ts_ms" (its "ts" as ms since the Unix epoch). */
 struct json_t *harness_log_load(harness *h);
+
+/* Sum of counter (e.g. "processed") over every "summary" line of the log at log_path (one per
+ * run of idemq); 0 when the file does not exist. */
+long harness_summary_total(const char *log_path, const char *counter);
 
 /* ----------------------------------------------------------------------------- its ops endpoint */
 
