@@ -233,7 +233,7 @@ void config_validate_amqp_tls(load_ctx *ctx, const config *cfg, yaml_node_t *roo
         if (!url || strncmp(url, "amqps://", 8) == 0)
             continue;
         const char *env = getenv("IDEMQ_AMQP_URL");
-        char redacted[256], shown[128], which[48] = "amqp.url";
+        char redacted[256], shown[128], which[64] = "amqp.url";
         if (cfg->amqp_url_count > 1)
             snprintf(which, sizeof which, "broker URL %zu of %zu", i + 1, cfg->amqp_url_count);
         config_redact_url(url, redacted, sizeof redacted);
