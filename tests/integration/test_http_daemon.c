@@ -145,7 +145,13 @@ static reply http_get(const char *path)
 /* ------------------------------------------------------------------------- /metrics */
 
 /* Every line is `# HELP name text`, `# TYPE name type` or `name{labels} value`, and the page ends
- * with a newline. Returns NULL or what is wrong. */
+ * with a newline; names are idemq's own or the standard process_* family. Returns NULL or what is
+ * wrong. */
+static bool known_metric_prefix(const char *name)
+{
+    return strncmp(name, "idemq_", 6) == 0 || strncmp(name, "process_", 8) == 0;
+}
+
 static const char *check_exposition(const char *page)
 {
     static char why[512];
@@ -157,16 +163,16 @@ static const char *check_exposition(const char *page)
         char text[1024];
         snprintf(text, sizeof text, "%.*s", (int)(nl - line), line);
         line = nl + 1;
-        if (strncmp(text, "# HELP idemq_", 13) == 0)
+        if (strncmp(text, "# HELP ", 7) == 0 && known_metric_prefix(text + 7))
             continue;
-        if (strncmp(text, "# TYPE idemq_", 13) == 0) {
+        if (strncmp(text, "# TYPE ", 7) == 0 && known_metric_prefix(text + 7)) {
             const char *type = strrchr(text, ' ') + 1;
             if (strcmp(type, "counter") && strcmp(type, "gauge") && strcmp(type, "histogram"))
                 goto bad;
             continue;
         }
         const char *p = text;
-        if (strncmp(p, "idemq_", 6) != 0)
+        if (!known_metric_prefix(p))
             goto bad;
         while ((*p >= 'a' && *p <= 'z') || *p == '_')
             p++;
