@@ -105,26 +105,9 @@ static const char *dlq(void)
     return dlq_name;
 }
 
-typedef struct depth_wait {
-    const char *queue;
-    long expected, last;
-} depth_wait;
-
-static bool depth_reached(harness *h, void *arg)
-{
-    depth_wait *w = arg;
-    w->last = -1;
-    harness_queue_info(h, w->queue, &w->last, NULL);
-    return w->last == w->expected;
-}
-
 static bool wait_depth(const char *queue, long expected)
 {
-    depth_wait w = {.queue = queue, .expected = expected};
-    bool ok = harness_wait_for(depth_reached, &H, &w, DEADLINE_MS);
-    if (!ok)
-        cr_log_error("waited for %s to hold %ld messages; it holds %ld", queue, expected, w.last);
-    return ok;
+    return harness_wait_queue_depth(&H, queue, expected, DEADLINE_MS);
 }
 
 /* A dead letter, with the headers the tests look at. */

@@ -123,29 +123,12 @@ static long depth_of(const char *suffix)
     return depth(name);
 }
 
-typedef struct depth_wait {
-    const char *suffix;
-    long expected;
-    long last;
-} depth_wait;
-
-static bool depth_reached(harness *h, void *arg)
-{
-    (void)h;
-    depth_wait *w = arg;
-    w->last = depth_of(w->suffix);
-    return w->last == w->expected;
-}
-
 /* Waits until queue H.queue+suffix holds `expected` ready messages. */
 static bool wait_depth(const char *suffix, long expected, int timeout_ms)
 {
-    depth_wait w = {.suffix = suffix, .expected = expected, .last = -2};
-    bool ok = harness_wait_for(depth_reached, &H, &w, timeout_ms);
-    if (!ok)
-        cr_log_error("waited %d ms for %s%s to hold %ld messages; it holds %ld", timeout_ms,
-                     H.queue, suffix, expected, w.last);
-    return ok;
+    char name[200];
+    queue_name(name, sizeof name, suffix);
+    return harness_wait_queue_depth(&H, name, expected, timeout_ms);
 }
 
 /* Starts idemq and waits until it consumes (so the work queue exists before we publish). */

@@ -542,6 +542,28 @@ long harness_queue_depth(harness *h, const char *queue)
     return messages;
 }
 
+typedef struct depth_wait {
+    const char *queue;
+    long expected, last;
+} depth_wait;
+
+static bool depth_reached(harness *h, void *arg)
+{
+    depth_wait *w = arg;
+    w->last = harness_queue_depth(h, w->queue);
+    return w->last == w->expected;
+}
+
+bool harness_wait_queue_depth(harness *h, const char *queue, long expected, int timeout_ms)
+{
+    depth_wait w = {.queue = queue, .expected = expected, .last = -2};
+    bool ok = harness_wait_for(depth_reached, h, &w, timeout_ms);
+    if (!ok)
+        cr_log_error("waited %d ms for %s to hold %ld messages; it holds %ld", timeout_ms, queue,
+                     expected, w.last);
+    return ok;
+}
+
 bool harness_get(harness *h, const char *queue, amqp_message_t *out)
 {
     amqp_rpc_reply_t reply = amqp_basic_get(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(queue), 1);

@@ -143,6 +143,11 @@ void harness_publish_payments(harness *h, const char *prefix, int count);
 /* Ready messages in a queue (passive declare). */
 long harness_queue_depth(harness *h, const char *queue);
 
+/* Waits up to timeout_ms until queue (borrowed) holds exactly expected ready messages (-1: until
+ * it does not exist). On timeout logs (cr_log_error) what it holds and returns false: the caller
+ * asserts, with its own message. */
+bool harness_wait_queue_depth(harness *h, const char *queue, long expected, int timeout_ms);
+
 /* Ready messages and consumers of a queue (passive declare); false when it does not exist. */
 bool harness_queue_info(harness *h, const char *queue, long *messages, long *consumers);
 
