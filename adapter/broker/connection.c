@@ -28,6 +28,23 @@ const char *broker_describe_method(const amqp_method_t *method, char *buf, size_
     return buf;
 }
 
+const char *broker_describe_status(int status)
+{
+    switch (status) {
+    case AMQP_STATUS_CONNECTION_CLOSED:
+    case AMQP_STATUS_SOCKET_CLOSED:
+        return "connection closed by the broker";
+    case AMQP_STATUS_SOCKET_ERROR:
+        return "connection closed by the broker or the network (socket error)";
+    case AMQP_STATUS_HEARTBEAT_TIMEOUT:
+        return "the broker sent nothing for two heartbeat intervals (heartbeat timeout)";
+    case AMQP_STATUS_TIMEOUT:
+        return "the broker did not answer in time (timeout)";
+    default:
+        return amqp_error_string2(status);
+    }
+}
+
 const char *broker_describe_reply(amqp_rpc_reply_t reply, char *buf, size_t len)
 {
     switch (reply.reply_type) {
@@ -38,7 +55,7 @@ const char *broker_describe_reply(amqp_rpc_reply_t reply, char *buf, size_t len)
         snprintf(buf, len, "missing RPC reply");
         break;
     case AMQP_RESPONSE_LIBRARY_EXCEPTION:
-        snprintf(buf, len, "%s", amqp_error_string2(reply.library_error));
+        snprintf(buf, len, "%s", broker_describe_status(reply.library_error));
         break;
     case AMQP_RESPONSE_SERVER_EXCEPTION:
         broker_describe_method(&reply.reply, buf, len);
@@ -113,11 +130,35 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
     amqp_set_handshake_timeout(conn, &handshake_timeout);
     amqp_set_rpc_timeout(conn, &rpc_timeout);
     int heartbeat_s = (int)((opts->heartbeat_ms + 999) / 1000);
+    /* rabbitmq-c merges these with its own client properties (and its capabilities table with
+     * ours), so authentication_failure_close stays advertised. */
+    amqp_table_entry_t capability = {.key = amqp_cstring_bytes("connection.blocked"),
+                                     .value = {.kind = AMQP_FIELD_KIND_BOOLEAN, .value.boolean = 1}};
+    amqp_table_entry_t client_entries[2] = {
+        {.key = amqp_cstring_bytes("capabilities"),
+         .value = {.kind = AMQP_FIELD_KIND_TABLE,
+                   .value.table = {.num_entries = 1, .entries = &capability}}},
+        {.key = amqp_cstring_bytes("connection_name"),
+         .value = {.kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("idemq run")}},
+    };
+    amqp_table_t client_properties = {.num_entries = opts->blocked_capability ? 2 : 0,
+                                      .entries = client_entries};
     amqp_rpc_reply_t reply =
-        external ? amqp_login(conn, info.vhost, 0, 131072, heartbeat_s, AMQP_SASL_METHOD_EXTERNAL,
-                              info.user)
-                 : amqp_login(conn, info.vhost, 0, 131072, heartbeat_s, AMQP_SASL_METHOD_PLAIN,
-                              info.user, password);
+        external ? amqp_login_with_properties(conn, info.vhost, 0, 131072, heartbeat_s,
+                                              &client_properties, AMQP_SASL_METHOD_EXTERNAL,
+                                              info.user)
+                 : amqp_login_with_properties(conn, info.vhost, 0, 131072, heartbeat_s,
+                                              &client_properties, AMQP_SASL_METHOD_PLAIN,
+                                              info.user, password);
+    if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+        reply.library_error != AMQP_STATUS_SSL_ERROR &&
+        reply.library_error != AMQP_STATUS_BROKER_UNSUPPORTED_SASL_METHOD) {
+        /* No answer to judge: a broker that stopped answering mid-handshake, or closed the socket,
+         * has not refused anything. (A refusal is a connection.close, a server exception.) */
+        snprintf(err, err_len, "login to RabbitMQ at %s:%d failed: %s", info.host, info.port,
+                 broker_describe_status(reply.library_error));
+        goto out;
+    }
     if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
         /* TLS 1.3 finishes the client's side of the handshake before the broker has checked the
          * client certificate: its refusal arrives here, as an alert on the first read or as a
@@ -211,6 +252,9 @@ void broker_close(amqp_connection_state_t conn)
 {
     if (!conn)
         return;
+    /* A broker that stopped answering must not hold a shutdown for the full RPC timeout. */
+    struct timeval close_timeout = {.tv_sec = 2};
+    amqp_set_rpc_timeout(conn, &close_timeout);
     amqp_channel_close(conn, BROKER_CHANNEL, AMQP_REPLY_SUCCESS);
     amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
     amqp_destroy_connection(conn);

@@ -41,18 +41,28 @@ typedef struct broker_open_options {
     size_t tls_info_len;
     const char *password;       /* amqp.password_file's content, in place of the URL's password;
                                    NULL: the URL's. Borrowed. */
+    /* Non-zero: advertise the connection.blocked capability (the broker then announces resource
+     * alarms with connection.blocked / connection.unblocked) and name the connection
+     * "idemq run" for the management UI. For the long-lived session only. */
+    int blocked_capability;
 } broker_open_options;
 
 /* Opens a connection and channel BROKER_CHANNEL. Returns 0 and sets *out (returned owned), or
- * BROKER_E_FAILED with a reason in err; BROKER_E_REFUSED when the broker refused the credentials
- * or vhost. An amqps:// URL connects with TLS (broker/tls.h): a certificate problem is one line
+ * BROKER_E_FAILED with a reason in err; BROKER_E_REFUSED only when the broker answered the login
+ * with a refusal (credentials, vhost): a timeout or a closed socket during the handshake is
+ * BROKER_E_FAILED and says so. An amqps:// URL connects with TLS (broker/tls.h): a certificate problem is one line
  * in err naming the file or name at fault. With a client certificate (tls->cert_file) and no
  * password in the URL, the login is EXTERNAL: the broker takes the user from the certificate. */
 int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, char *err,
                 size_t err_len);
 
-/* Closes the channel and connection politely when possible, then frees it. NULL is a no-op. */
+/* Closes the channel and connection politely when possible (waiting at most about 2 s for the
+ * broker's answers), then frees it. NULL is a no-op. */
 void broker_close(amqp_connection_state_t conn);
+
+/* Describes a rabbitmq-c status in words an operator reads: "connection closed by the broker"
+ * rather than "a socket error occurred" or "bad file descriptor". */
+const char *broker_describe_status(int status);
 
 /* Describes an RPC reply (library error, connection.close or channel.close) into buf. Returns
  * buf. */

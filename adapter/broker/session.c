@@ -1,16 +1,25 @@
 /*
- * session — see session.h. Frames become messages in assembly.c and publisher confirms are
- * tracked in confirms.c; this file owns the connection's lifecycle: connect and declare, the
- * drain after every event, consume/cancel, acks, publishes, and reconnecting with backoff. Which
- * node to try next is nodes.c's: a reconnect tries the nodes of a round back to back and backs
- * off between rounds. Thread affinity: loop thread only.
+ * session — see session.h for the design (a broker thread, two queues). Frames become messages
+ * in assembly.c and publisher confirms are tracked in confirms.c, both on the broker thread; which
+ * node to try next is nodes.c's. This file has three parts: the queues between the threads, the
+ * broker thread (connect and declare, drain, commands, coalesced acks, liveness probe, reconnect),
+ * and the loop side (the public functions and the events they turn into callbacks).
+ *
+ * Fields are grouped by the thread that may touch them: "loop", "thread", or shared (atomics, or
+ * under lock). Thread affinity: public functions on the loop thread; see the field groups.
  */
 #include "broker/session.h"
 
+#include <errno.h>
+#include <poll.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "broker/assembly.h"
 #include "broker/nodes.h"
@@ -21,49 +30,301 @@
 
 #define CONSUMER_TAG_PREFIX "idemq-"
 
+#ifndef MESSAGE_E_TOO_LARGE /* until message.c fits copies to frame_max */
+#define MESSAGE_E_TOO_LARGE (-4)
+#define message_copy_properties(msg, headers, frame_max, pool, props) \
+    ((void)(frame_max), message_copy_properties(msg, headers, pool, props))
+#endif
+/* Nothing arrived for this long: send the liveness probe. */
+#define PROBE_AFTER_MS 1000
+/* Nothing arrived for this long although a probe went out: the broker is silent. */
+#define SILENT_AFTER_MS 3000
+/* The broker thread wakes at least this often (heartbeats, the probe, reconnect timing). */
+#define THREAD_TICK_MS 250
+
 /* Jitter keeps a fleet of instances from reconnecting in lock-step after a broker restart. */
 static const backoff_policy reconnect_backoff = {
     .initial_ms = 500, .max_ms = 30000, .jitter_percent = 50};
 
+typedef enum command_kind {
+    CMD_ACK,
+    CMD_NACK,
+    CMD_REJECT,
+    CMD_PUBLISH,
+    CMD_CONSUME,
+    CMD_ABANDON_HELD,
+    CMD_STOP,
+} command_kind;
+
+typedef struct command {
+    struct command *next;
+    command_kind kind;
+    uint64_t generation;   /* ACK, NACK, REJECT, PUBLISH: the connection of the delivery */
+    uint64_t delivery_tag; /* ACK, NACK, REJECT */
+    bool consuming;        /* CONSUME */
+    /* PUBLISH: everything the thread sends, owned (but body: the caller's message) */
+    struct broker_session *session;
+    char *exchange, *routing_key;
+    amqp_pool_t pool;
+    bool pool_ready;
+    amqp_basic_properties_t props;
+    amqp_bytes_t body;
+    broker_confirm_cb cb;
+    void *arg;
+} command;
+
+typedef enum event_kind {
+    EV_MESSAGE,
+    EV_CONFIRM,
+    EV_UP,
+    EV_DOWN,
+    EV_CONNECT_FAILED,
+    EV_BLOCKED,
+    EV_UNBLOCKED,
+    EV_CONSUMING,
+    EV_FATAL,
+    EV_EXITED,
+} event_kind;
+
+typedef struct event {
+    struct event *next;
+    event_kind kind;
+    broker_message *msg; /* MESSAGE: owned */
+    broker_confirm_cb cb; /* CONFIRM */
+    void *arg;
+    bool flag;  /* CONFIRM: confirmed; CONSUMING: consuming */
+    int code;   /* FATAL */
+    char *text; /* DOWN, CONNECT_FAILED, BLOCKED, FATAL: owned (NULL when out of memory) */
+} event;
+
+/* Delivery tags handed to the loop and not yet settled on this connection, in tag order. */
+typedef enum tag_state { TAG_OPEN, TAG_ACKED, TAG_GONE } tag_state;
+typedef struct tag_entry {
+    uint64_t tag;
+    tag_state state;
+} tag_entry;
+
+typedef struct tag_ring {
+    tag_entry *entries;
+    size_t capacity, head, count;
+} tag_ring;
+
 struct broker_session {
+    /* set at creation, read by both threads */
     uv_loop_t *loop;
     const config *cfg;
     const broker_session_callbacks *cb;
+    int wake_fd; /* eventfd: the loop wakes the thread */
+
+    /* shared under lock */
+    uv_mutex_t lock;
+    command *commands_head, *commands_tail;
+    event *events_head, *events_tail;
+    command *free_commands;
+    event *free_events;
+
+    /* shared atomics */
+    _Atomic uint64_t generation;    /* the connection deliveries now belong to */
+    _Atomic uint64_t frame_max;     /* negotiated on the current connection */
+    _Atomic int64_t last_rx_ms;     /* monotonic time a frame last arrived */
+
+    /* loop */
+    uv_async_t events_async;
+    uv_thread_t thread;
+    bool thread_started;
+    bool connected, consuming, blocked, freeing, fatal;
+    char blocked_reason[256];
+    char last_error[512];  /* why not connected, for /readyz */
+    size_t unconfirmed;    /* publishes queued whose callback has not run */
+
+    /* thread */
     amqp_connection_state_t conn;
-    uint64_t generation;
-    uv_poll_t *poll;             /* one per connection; freed in its close callback */
-    uv_timer_t tick_timer;       /* services heartbeats */
-    uv_timer_t reconnect_timer;
-    int open_handles;
-    bool want_consuming;         /* what the owner asked for (broker_set_consuming) */
-    bool consuming;              /* what the broker was told on this connection */
+    uint64_t thread_generation;
+    bool stop;
+    bool want_consuming;         /* what the owner asked for */
+    bool thread_consuming;       /* what the broker was told on this connection */
+    bool thread_blocked;         /* connection.blocked received, not yet unblocked */
+    bool ever_connected;
     uint64_t subscription;       /* bumped by every basic.consume round: see consumer_tag */
-    bool in_drain;               /* drain() is on the stack: a nested call returns at once */
-    bool freeing;                /* broker_session_free ran: never reconnect; handles closing */
-    unsigned reconnect_attempt;  /* reconnects failed in a row, over every node */
+    int64_t probe_sent_ms;       /* 0: no probe outstanding */
+    int64_t next_attempt_ms;     /* monotonic time of the next connect attempt */
+    unsigned reconnect_attempt;  /* connects failed in a row, over every node */
     unsigned failed_rounds;      /* rounds over every node failed in a row: the backoff's count */
     rng random;                  /* reconnect jitter, the order of the nodes */
-    broker_nodes nodes;          /* which node to try next */
-    broker_assembly assembly;    /* the delivery or return being received */
-    broker_confirms confirms;    /* publishes the broker has not confirmed yet */
+    broker_nodes nodes;
+    broker_assembly assembly;
+    broker_confirms confirms;
+    tag_ring tags;
+    command *held_head, *held_tail; /* publishes waiting for connection.unblocked */
 };
 
-static void drain(broker_session *s);
-static void schedule_round(broker_session *s);
-
-static void on_poll_closed(uv_handle_t *handle)
+static int64_t monotonic_ms(void)
 {
-    free(handle);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Tears the connection down after a failure. polite: try channel/connection close first. */
+/* ---- the queues ---------------------------------------------------------------------------- */
+
+static command *command_get(broker_session *s)
+{
+    uv_mutex_lock(&s->lock);
+    command *c = s->free_commands;
+    if (c)
+        s->free_commands = c->next;
+    uv_mutex_unlock(&s->lock);
+    if (!c)
+        c = malloc(sizeof *c);
+    if (c)
+        memset(c, 0, sizeof *c);
+    return c;
+}
+
+static void command_release(broker_session *s, command *c)
+{
+    if (c->pool_ready)
+        empty_amqp_pool(&c->pool);
+    free(c->exchange);
+    free(c->routing_key);
+    c->pool_ready = false;
+    c->exchange = c->routing_key = NULL;
+    uv_mutex_lock(&s->lock);
+    c->next = s->free_commands;
+    s->free_commands = c;
+    uv_mutex_unlock(&s->lock);
+}
+
+/* Loop → thread. Wakes the thread only when the queue was empty: it takes the whole queue. */
+static void command_post(broker_session *s, command *c)
+{
+    c->next = NULL;
+    uv_mutex_lock(&s->lock);
+    bool was_empty = s->commands_head == NULL;
+    if (s->commands_tail)
+        s->commands_tail->next = c;
+    else
+        s->commands_head = c;
+    s->commands_tail = c;
+    uv_mutex_unlock(&s->lock);
+    if (was_empty) {
+        uint64_t one = 1;
+        ssize_t ignored = write(s->wake_fd, &one, sizeof one);
+        (void)ignored; /* a full counter still wakes the thread */
+    }
+}
+
+static command *commands_take(broker_session *s)
+{
+    uv_mutex_lock(&s->lock);
+    command *head = s->commands_head;
+    s->commands_head = s->commands_tail = NULL;
+    uv_mutex_unlock(&s->lock);
+    return head;
+}
+
+/* Thread → loop. text is copied. Out of memory loses the event's text, never a delivery or a
+ * confirm: those spin until memory is back, since losing one would break "exactly once". */
+static void event_post(broker_session *s, event_kind kind, broker_message *msg,
+                       broker_confirm_cb cb, void *arg, bool flag, int code, const char *text)
+{
+    event *e = NULL;
+    for (;;) {
+        uv_mutex_lock(&s->lock);
+        e = s->free_events;
+        if (e)
+            s->free_events = e->next;
+        uv_mutex_unlock(&s->lock);
+        if (!e)
+            e = malloc(sizeof *e);
+        if (e || (kind != EV_MESSAGE && kind != EV_CONFIRM && kind != EV_EXITED))
+            break;
+        usleep(1000);
+    }
+    if (!e) {
+        if (msg)
+            broker_message_free(msg);
+        return;
+    }
+    *e = (event){.kind = kind, .msg = msg, .cb = cb, .arg = arg, .flag = flag, .code = code,
+                 .text = text ? strdup(text) : NULL};
+    uv_mutex_lock(&s->lock);
+    if (s->events_tail)
+        s->events_tail->next = e;
+    else
+        s->events_head = e;
+    s->events_tail = e;
+    uv_mutex_unlock(&s->lock);
+    uv_async_send(&s->events_async);
+}
+
+/* ---- tag ring (thread) --------------------------------------------------------------------- */
+
+static tag_entry *tag_at(tag_ring *r, size_t i)
+{
+    return &r->entries[(r->head + i) % r->capacity];
+}
+
+static int tag_push(tag_ring *r, uint64_t tag)
+{
+    if (r->count == r->capacity) {
+        size_t capacity = r->capacity ? r->capacity * 2 : 256;
+        tag_entry *entries = malloc(capacity * sizeof *entries);
+        if (!entries)
+            return -1;
+        for (size_t i = 0; i < r->count; i++)
+            entries[i] = *tag_at(r, i);
+        free(r->entries);
+        r->entries = entries;
+        r->capacity = capacity;
+        r->head = 0;
+    }
+    r->count++;
+    *tag_at(r, r->count - 1) = (tag_entry){.tag = tag, .state = TAG_OPEN};
+    return 0;
+}
+
+/* The entry of tag (tags are pushed in increasing order), or NULL. */
+static tag_entry *tag_find(tag_ring *r, uint64_t tag)
+{
+    size_t lo = 0, hi = r->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        tag_entry *e = tag_at(r, mid);
+        if (e->tag == tag)
+            return e;
+        if (e->tag < tag)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+static void tag_clear(tag_ring *r)
+{
+    r->head = r->count = 0;
+}
+
+/* ---- broker thread ------------------------------------------------------------------------- */
+
+static void thread_connection_lost(broker_session *s, const char *reason);
+
+static void fail_held_publishes(broker_session *s)
+{
+    command *c = s->held_head;
+    s->held_head = s->held_tail = NULL;
+    while (c) {
+        command *next = c->next;
+        event_post(s, EV_CONFIRM, NULL, c->cb, c->arg, false, 0, NULL);
+        command_release(s, c);
+        c = next;
+    }
+}
+
+/* Tears the connection down. polite: try channel/connection close first. */
 static void drop_connection(broker_session *s, bool polite)
 {
-    if (s->poll) {
-        uv_poll_stop(s->poll);
-        uv_close((uv_handle_t *)s->poll, on_poll_closed);
-        s->poll = NULL;
-    }
     if (s->conn) {
         if (polite)
             broker_close(s->conn);
@@ -71,20 +332,31 @@ static void drop_connection(broker_session *s, bool polite)
             amqp_destroy_connection(s->conn);
         s->conn = NULL;
     }
-    s->generation++;
-    s->consuming = false;
+    s->thread_generation++;
+    atomic_store(&s->generation, s->thread_generation);
+    s->thread_consuming = false;
+    s->thread_blocked = false;
+    s->probe_sent_ms = 0;
+    tag_clear(&s->tags);
     broker_assembly_reset(&s->assembly);
+    fail_held_publishes(s);
     broker_confirms_fail_all(&s->confirms);
 }
 
-static void connection_lost(broker_session *s, const char *reason)
+static void schedule_round(broker_session *s)
+{
+    broker_nodes_new_round(&s->nodes);
+    uint64_t delay = backoff_delay_ms(&reconnect_backoff, s->failed_rounds, rng_next(&s->random));
+    s->next_attempt_ms = monotonic_ms() + (int64_t)delay;
+}
+
+static void thread_connection_lost(broker_session *s, const char *reason)
 {
     if (!s->conn)
         return;
     log_error(LOG_NO_CONTEXT, "RabbitMQ connection lost: %s", reason);
     drop_connection(s, false);
-    if (s->cb->on_down)
-        s->cb->on_down(s->cb->ctx, reason);
+    event_post(s, EV_DOWN, NULL, NULL, NULL, false, 0, reason);
     s->failed_rounds = 0;
     schedule_round(s);
 }
@@ -108,8 +380,14 @@ static void message_complete(broker_session *s, broker_message *msg, bool return
         broker_message_free(msg);
         return;
     }
-    msg->generation = s->generation;
-    s->cb->on_message(s->cb->ctx, msg);
+    if (tag_push(&s->tags, msg->delivery_tag) != 0) {
+        /* Not tracked, it could never be acked: give it back now. */
+        amqp_basic_nack(s->conn, BROKER_CHANNEL, msg->delivery_tag, 0, 1);
+        broker_message_free(msg);
+        return;
+    }
+    msg->generation = s->thread_generation;
+    event_post(s, EV_MESSAGE, msg, NULL, NULL, false, 0, NULL);
 }
 
 /* Consumer tags are "idemq-<consumer index>.<subscription>" (consumer_tag). */
@@ -133,6 +411,37 @@ static int consumer_index_of(const broker_session *s, amqp_bytes_t tag, size_t *
     return 0;
 }
 
+static void apply_consuming(broker_session *s);
+static void send_publish(broker_session *s, command *c);
+
+static void set_blocked(broker_session *s, bool blocked, const char *reason)
+{
+    if (s->thread_blocked == blocked)
+        return;
+    s->thread_blocked = blocked;
+    if (blocked) {
+        event_post(s, EV_BLOCKED, NULL, NULL, NULL, false, 0, reason);
+        apply_consuming(s);
+        return;
+    }
+    event_post(s, EV_UNBLOCKED, NULL, NULL, NULL, false, 0, NULL);
+    command *c = s->held_head;
+    s->held_head = s->held_tail = NULL;
+    while (c && s->conn && !s->thread_blocked) {
+        command *next = c->next;
+        send_publish(s, c);
+        c = next;
+    }
+    if (c) { /* blocked again, or the connection went: keep or fail what is left */
+        s->held_head = c;
+        for (s->held_tail = c; s->held_tail->next; s->held_tail = s->held_tail->next)
+            ;
+        if (!s->conn)
+            fail_held_publishes(s);
+    }
+    apply_consuming(s);
+}
+
 /* Returns 0 to go on draining, -1 when the connection was dropped. */
 static int handle_method(broker_session *s, const amqp_frame_t *frame)
 {
@@ -143,7 +452,7 @@ static int handle_method(broker_session *s, const amqp_frame_t *frame)
         const amqp_basic_deliver_t *d = m->decoded;
         size_t consumer_index;
         if (consumer_index_of(s, d->consumer_tag, &consumer_index) != 0) {
-            connection_lost(s, "delivery for an unknown consumer tag");
+            thread_connection_lost(s, "delivery for an unknown consumer tag");
             return -1;
         }
         broker_assembly_begin_delivery(&s->assembly, d->delivery_tag, consumer_index,
@@ -161,21 +470,30 @@ static int handle_method(broker_session *s, const amqp_frame_t *frame)
     case AMQP_BASIC_ACK_METHOD: {
         const amqp_basic_ack_t *a = m->decoded;
         broker_confirms_resolve(&s->confirms, a->delivery_tag, a->multiple != 0, true);
-        return s->conn ? 0 : -1;
+        return 0;
     }
     case AMQP_BASIC_NACK_METHOD: {
         const amqp_basic_nack_t *n = m->decoded;
         broker_confirms_resolve(&s->confirms, n->delivery_tag, n->multiple != 0, false);
+        return 0;
+    }
+    case AMQP_CONNECTION_BLOCKED_METHOD: {
+        const amqp_connection_blocked_t *b = m->decoded;
+        snprintf(reason, sizeof reason, "%.*s", (int)b->reason.len, (const char *)b->reason.bytes);
+        set_blocked(s, true, reason);
         return s->conn ? 0 : -1;
     }
+    case AMQP_CONNECTION_UNBLOCKED_METHOD:
+        set_blocked(s, false, NULL);
+        return s->conn ? 0 : -1;
     case AMQP_BASIC_CANCEL_METHOD:
-        connection_lost(s, "the broker cancelled a consumer (was a queue deleted?)");
+        thread_connection_lost(s, "the broker cancelled a consumer (was a queue deleted?)");
         return -1;
     case AMQP_CHANNEL_CLOSE_METHOD:
     case AMQP_CONNECTION_CLOSE_METHOD:
-        connection_lost(s, broker_describe_method(m, reason, sizeof reason));
+        thread_connection_lost(s, broker_describe_method(m, reason, sizeof reason));
         return -1;
-    default:
+    default: /* basic.qos-ok of the liveness probe, consume-ok/cancel-ok queued by an RPC */
         return 0;
     }
 }
@@ -192,7 +510,7 @@ static int handle_frame(broker_session *s, const amqp_frame_t *frame)
         bool returned;
         if (broker_assembly_add_frame(&s->assembly, frame, s->cfg->max_body, &msg, &returned,
                                       reason, sizeof reason) != 0) {
-            connection_lost(s, reason);
+            thread_connection_lost(s, reason);
             return -1;
         }
         if (msg)
@@ -204,44 +522,31 @@ static int handle_frame(broker_session *s, const amqp_frame_t *frame)
     }
 }
 
+/* Reads every frame rabbitmq-c can give without waiting (it also sends due heartbeats and
+ * notices missed ones). */
 static void drain(broker_session *s)
 {
-    /* Re-entrant calls (a callback acking from inside a drain) leave the work to the outer loop. */
-    if (s->in_drain || !s->conn)
-        return;
-    s->in_drain = true;
     struct timeval zero = {0, 0};
+    bool received = false;
     while (s->conn) {
         amqp_frame_t frame;
         int rc = amqp_simple_wait_frame_noblock(s->conn, &frame, &zero);
         if (rc == AMQP_STATUS_TIMEOUT)
             break;
         if (rc != AMQP_STATUS_OK) {
-            connection_lost(s, amqp_error_string2(rc));
+            thread_connection_lost(s, broker_describe_status(rc));
             break;
         }
+        received = true;
         if (handle_frame(s, &frame) != 0)
             break;
     }
+    if (received) {
+        atomic_store(&s->last_rx_ms, monotonic_ms());
+        s->probe_sent_ms = 0;
+    }
     if (s->conn)
         amqp_maybe_release_buffers(s->conn);
-    s->in_drain = false;
-}
-
-static void on_readable(uv_poll_t *handle, int status, int events)
-{
-    broker_session *s = handle->data;
-    (void)events;
-    if (status < 0) {
-        connection_lost(s, uv_strerror(status));
-        return;
-    }
-    drain(s);
-}
-
-static void on_tick(uv_timer_t *timer)
-{
-    drain(timer->data);
 }
 
 /* Each basic.consume gets a tag of its own: RabbitMQ 3.10 quorum queues close the channel
@@ -253,17 +558,20 @@ static void consumer_tag(const broker_session *s, size_t index, char *buf, size_
     snprintf(buf, len, CONSUMER_TAG_PREFIX "%zu.%llu", index, (unsigned long long)s->subscription);
 }
 
-static int apply_consuming(broker_session *s, char *err, size_t err_len)
+/* Brings the broker in line with want_consuming and the blocked state: no new deliveries while a
+ * resource alarm blocks the connection. */
+static void apply_consuming(broker_session *s)
 {
-    char reason[512];
-    if (s->want_consuming == s->consuming || !s->conn)
-        return 0;
-    if (s->want_consuming)
+    char reason[512], err[1024];
+    bool want = s->want_consuming && !s->thread_blocked;
+    if (want == s->thread_consuming || !s->conn)
+        return;
+    if (want)
         s->subscription++;
     for (size_t i = 0; i < s->cfg->consumer_count; i++) {
         char tag[48];
         consumer_tag(s, i, tag, sizeof tag);
-        if (s->want_consuming)
+        if (want)
             amqp_basic_consume(s->conn, BROKER_CHANNEL,
                                amqp_cstring_bytes(s->cfg->consumers[i].queue),
                                amqp_cstring_bytes(tag), 0, 0, 0, amqp_empty_table);
@@ -271,76 +579,174 @@ static int apply_consuming(broker_session *s, char *err, size_t err_len)
             amqp_basic_cancel(s->conn, BROKER_CHANNEL, amqp_cstring_bytes(tag));
         amqp_rpc_reply_t reply = amqp_get_rpc_reply(s->conn);
         if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
-            snprintf(err, err_len, "%s on queue %s failed: %s",
-                     s->want_consuming ? "basic.consume" : "basic.cancel",
-                     s->cfg->consumers[i].queue, broker_describe_reply(reply, reason, sizeof reason));
-            return -1;
+            snprintf(err, sizeof err, "%s on queue %s failed: %s",
+                     want ? "basic.consume" : "basic.cancel", s->cfg->consumers[i].queue,
+                     broker_describe_reply(reply, reason, sizeof reason));
+            thread_connection_lost(s, err);
+            return;
         }
     }
-    s->consuming = s->want_consuming;
-    log_info(LOG_NO_CONTEXT, "%s consuming", s->consuming ? "started" : "stopped");
-    return 0;
+    s->thread_consuming = want;
+    log_info(LOG_NO_CONTEXT, "%s consuming", want ? "started" : "stopped");
+    event_post(s, EV_CONSUMING, NULL, NULL, NULL, want, 0, NULL);
 }
 
-/* Connects to url (borrowed), declares, starts consuming. Returns 0, BROKER_E_REFUSED for
- * configuration conflicts, BROKER_E_FAILED otherwise; err says why. */
-static int connect_and_setup(broker_session *s, const char *url, char *err, size_t err_len)
+/* The confirm of a publish (arg: its command) is known: hand it to the loop. */
+static void forward_confirm(void *arg, bool confirmed)
 {
-    char tls_info[1024];
-    broker_open_options opts = {
-        .url = url,
-        .heartbeat_ms = s->cfg->heartbeat_ms,
-        .prefetch = s->cfg->prefetch,
-        .confirms = 1,
-        .tls = &s->cfg->amqp_tls,
-        .tls_info = tls_info,
-        .tls_info_len = sizeof tls_info,
-    };
-    opts.password = s->cfg->amqp_password;
-    int rc = broker_open(&opts, &s->conn, err, err_len);
-    if (rc != 0)
-        return BROKER_E_FAILED;
-    if (tls_info[0])
-        log_info(LOG_NO_CONTEXT, "RabbitMQ connection uses TLS: %s", tls_info);
-    for (size_t i = 0; i < s->cfg->consumer_count; i++) {
-        const config_consumer *c = &s->cfg->consumers[i];
-        log_context ctx = {.queue = c->queue, .retries = -1};
-        rc = topology_declare(s->conn, c, err, err_len);
-        if (rc != 0) {
-            drop_connection(s, true);
-            return rc == TOPOLOGY_E_BROKER ? BROKER_E_FAILED : BROKER_E_REFUSED;
+    command *c = arg;
+    broker_session *s = c->session;
+    event_post(s, EV_CONFIRM, NULL, c->cb, c->arg, confirmed, 0, NULL);
+    command_release(s, c);
+}
+
+/* The publish sequence header was written by the loop as a placeholder: the number is the
+ * channel's, known only here. */
+static void set_publish_seq(amqp_basic_properties_t *props, uint64_t seq)
+{
+    if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG))
+        return;
+    for (int i = 0; i < props->headers.num_entries; i++) {
+        amqp_table_entry_t *e = &props->headers.entries[i];
+        if (e->key.len == sizeof HEADER_PUBLISH_SEQ - 1 &&
+            memcmp(e->key.bytes, HEADER_PUBLISH_SEQ, e->key.len) == 0) {
+            e->value.kind = AMQP_FIELD_KIND_I64;
+            e->value.value.i64 = (int64_t)seq;
         }
-        if (err[0])
-            log_warn(&ctx, "%s", err);
-        /* Redeliveries past a quorum work queue's delivery limit vanish: say so at every
-         * connect, since only the operator can lift the limit (a policy). */
-        char warning[TOPOLOGY_WARNING_MAX];
-        rc = topology_check_work_queue(s->conn, c, warning, sizeof warning);
-        if (rc == 1)
-            log_warn(&ctx, "%s", warning);
-        else if (rc < 0) {
-            snprintf(err, err_len, "%s", warning);
-            drop_connection(s, true);
-            return BROKER_E_FAILED;
+    }
+}
+
+/* c is taken: it ends in forward_confirm, or its callback is failed now. */
+static void send_publish(broker_session *s, command *c)
+{
+    if (!s->conn || c->generation != s->thread_generation) {
+        /* The delivery's connection is gone: nothing is published, the broker redelivers it. */
+        event_post(s, EV_CONFIRM, NULL, c->cb, c->arg, false, 0, NULL);
+        command_release(s, c);
+        return;
+    }
+    if (s->thread_blocked) {
+        /* Sending now would block the connection (and this thread) until the alarm clears. */
+        c->next = NULL;
+        if (s->held_tail)
+            s->held_tail->next = c;
+        else
+            s->held_head = c;
+        s->held_tail = c;
+        return;
+    }
+    uint64_t seq;
+    if (broker_confirms_push(&s->confirms, forward_confirm, c, &seq) != 0) {
+        event_post(s, EV_CONFIRM, NULL, c->cb, c->arg, false, 0, NULL);
+        command_release(s, c);
+        return;
+    }
+    set_publish_seq(&c->props, seq);
+    int rc = amqp_basic_publish(s->conn, BROKER_CHANNEL, amqp_cstring_bytes(c->exchange),
+                                amqp_cstring_bytes(c->routing_key), 1, 0, &c->props, c->body);
+    if (rc != AMQP_STATUS_OK) {
+        /* The frames may be half sent: the connection cannot go on. Its confirm fails with the
+         * others. */
+        thread_connection_lost(s, broker_describe_status(rc));
+    }
+}
+
+static void settle_tag(broker_session *s, uint64_t generation, uint64_t tag, command_kind kind)
+{
+    if (!s->conn || generation != s->thread_generation)
+        return; /* the broker requeued it with its connection */
+    tag_entry *e = tag_find(&s->tags, tag);
+    if (!e || e->state != TAG_OPEN)
+        return;
+    if (kind == CMD_ACK) {
+        e->state = TAG_ACKED; /* sent by flush_acks, coalesced */
+        return;
+    }
+    e->state = TAG_GONE;
+    int rc = amqp_basic_nack(s->conn, BROKER_CHANNEL, tag, 0, kind == CMD_NACK);
+    if (rc != AMQP_STATUS_OK)
+        thread_connection_lost(s, broker_describe_status(rc));
+}
+
+/* One basic.ack with multiple for the settled run at the head of the ring, single acks for
+ * settled tags behind an unsettled one (a held or still-running delivery must not hold the
+ * others' acks back). */
+static void flush_acks(broker_session *s)
+{
+    tag_ring *r = &s->tags;
+    uint64_t last_acked = 0;
+    bool any = false;
+    while (r->count && tag_at(r, 0)->state != TAG_OPEN) {
+        if (tag_at(r, 0)->state == TAG_ACKED) {
+            last_acked = tag_at(r, 0)->tag;
+            any = true;
         }
-        err[0] = '\0';
+        r->head = (r->head + 1) % r->capacity;
+        r->count--;
     }
-    s->poll = malloc(sizeof *s->poll);
-    if (!s->poll || uv_poll_init(s->loop, s->poll, amqp_get_sockfd(s->conn)) != 0) {
-        free(s->poll);
-        s->poll = NULL;
-        snprintf(err, err_len, "cannot watch the AMQP socket");
-        drop_connection(s, true);
-        return BROKER_E_FAILED;
+    if (any && amqp_basic_ack(s->conn, BROKER_CHANNEL, last_acked, 1) != AMQP_STATUS_OK) {
+        thread_connection_lost(s, "cannot send basic.ack");
+        return;
     }
-    s->poll->data = s;
-    uv_poll_start(s->poll, UV_READABLE, on_readable);
-    if (apply_consuming(s, err, err_len) != 0) {
-        drop_connection(s, true);
-        return BROKER_E_FAILED;
+    for (size_t i = 0; i < r->count && s->conn; i++) {
+        tag_entry *e = tag_at(r, i);
+        if (e->state != TAG_ACKED)
+            continue;
+        e->state = TAG_GONE;
+        int rc = amqp_basic_ack(s->conn, BROKER_CHANNEL, e->tag, 0);
+        if (rc != AMQP_STATUS_OK)
+            thread_connection_lost(s, broker_describe_status(rc));
     }
-    drain(s);
-    return s->conn ? 0 : BROKER_E_FAILED;
+}
+
+static void run_commands(broker_session *s)
+{
+    command *c = commands_take(s);
+    while (c) {
+        command *next = c->next;
+        switch (c->kind) {
+        case CMD_ACK:
+        case CMD_NACK:
+        case CMD_REJECT:
+            settle_tag(s, c->generation, c->delivery_tag, c->kind);
+            command_release(s, c);
+            break;
+        case CMD_PUBLISH:
+            send_publish(s, c); /* takes c */
+            break;
+        case CMD_CONSUME:
+            s->want_consuming = c->consuming;
+            command_release(s, c);
+            apply_consuming(s);
+            break;
+        case CMD_ABANDON_HELD:
+            fail_held_publishes(s);
+            command_release(s, c);
+            break;
+        case CMD_STOP:
+            s->stop = true;
+            command_release(s, c);
+            break;
+        }
+        c = next;
+    }
+    if (s->conn)
+        flush_acks(s);
+}
+
+/* The liveness probe: basic.qos with the prefetch already in force changes nothing, needs no
+ * permission and is answered at once by any broker that runs. */
+static void probe_liveness(broker_session *s)
+{
+    int64_t now = monotonic_ms();
+    if (!s->conn || s->probe_sent_ms || now - atomic_load(&s->last_rx_ms) < PROBE_AFTER_MS)
+        return;
+    amqp_basic_qos_t qos = {.prefetch_count = (uint16_t)s->cfg->prefetch};
+    if (amqp_send_method(s->conn, BROKER_CHANNEL, AMQP_BASIC_QOS_METHOD, &qos) != AMQP_STATUS_OK) {
+        thread_connection_lost(s, "cannot send the liveness probe");
+        return;
+    }
+    s->probe_sent_ms = now;
 }
 
 /* "node amqp://user:***@host:port/vhost (2 of 3)" for the node handed out last. */
@@ -356,48 +762,274 @@ static const char *node_name(const broker_session *s, char *buf, size_t len)
     return buf;
 }
 
-static void on_reconnect_timer(uv_timer_t *timer)
+/* Connects to url (borrowed), declares, starts consuming. Returns 0, BROKER_E_REFUSED for
+ * configuration conflicts, BROKER_E_FAILED otherwise; err says why. */
+static int connect_and_setup(broker_session *s, const char *url, char *err, size_t err_len)
 {
-    broker_session *s = timer->data;
-    char err[1024], node[600];
-    if (s->freeing || s->conn)
-        return;
+    char tls_info[1024];
+    broker_open_options opts = {
+        .url = url,
+        .heartbeat_ms = s->cfg->heartbeat_ms,
+        .prefetch = s->cfg->prefetch,
+        .confirms = 1,
+        .tls = &s->cfg->amqp_tls,
+        .tls_info = tls_info,
+        .tls_info_len = sizeof tls_info,
+        .password = s->cfg->amqp_password,
+        .blocked_capability = 1,
+    };
+    err[0] = '\0';
+    int rc = broker_open(&opts, &s->conn, err, err_len);
+    if (rc != 0) {
+        s->conn = NULL;
+        return rc;
+    }
+    if (tls_info[0])
+        log_info(LOG_NO_CONTEXT, "RabbitMQ connection uses TLS: %s", tls_info);
+    for (size_t i = 0; i < s->cfg->consumer_count; i++) {
+        const config_consumer *c = &s->cfg->consumers[i];
+        log_context ctx = {.queue = c->queue, .retries = -1};
+        rc = topology_declare(s->conn, c, err, err_len);
+        if (rc != 0) {
+            broker_close(s->conn);
+            s->conn = NULL;
+            return rc == TOPOLOGY_E_BROKER ? BROKER_E_FAILED : BROKER_E_REFUSED;
+        }
+        if (err[0])
+            log_warn(&ctx, "%s", err);
+        /* Redeliveries past a quorum work queue's delivery limit vanish: say so at every
+         * connect, since only the operator can lift the limit (a policy). */
+        char warning[TOPOLOGY_WARNING_MAX];
+        rc = topology_check_work_queue(s->conn, c, warning, sizeof warning);
+        if (rc == 1)
+            log_warn(&ctx, "%s", warning);
+        else if (rc < 0) {
+            snprintf(err, err_len, "%s", warning);
+            broker_close(s->conn);
+            s->conn = NULL;
+            return BROKER_E_FAILED;
+        }
+        err[0] = '\0';
+    }
+    atomic_store(&s->frame_max, (uint64_t)amqp_get_frame_max(s->conn));
+    atomic_store(&s->last_rx_ms, monotonic_ms());
+    s->probe_sent_ms = 0;
+    event_post(s, EV_UP, NULL, NULL, NULL, false, 0, NULL);
+    apply_consuming(s);
+    return s->conn ? 0 : BROKER_E_FAILED;
+}
+
+/* One connect attempt to the next node of the round; schedules the next attempt on failure. */
+static void try_connect(broker_session *s)
+{
+    char err[TOPOLOGY_WARNING_MAX + 1024], node[600], text[sizeof err + 700];
     const char *url = broker_nodes_next(&s->nodes);
-    if (!url) { /* not reached: a round is begun before its timer starts */
+    if (!url) {
         schedule_round(s);
         return;
     }
     s->reconnect_attempt++;
-    if (connect_and_setup(s, url, err, sizeof err) != 0) {
-        log_warn(LOG_NO_CONTEXT, "reconnect to RabbitMQ %s failed (attempt %u): %s",
-                 node_name(s, node, sizeof node), s->reconnect_attempt, err);
-        if (broker_nodes_round_over(&s->nodes)) {
-            s->failed_rounds++;
-            schedule_round(s);
-        } else {
-            /* The next node at once: a node that is down costs no backoff while another is up
-             * (the timer still lets the loop serve what is pending in between). */
-            uv_timer_start(&s->reconnect_timer, on_reconnect_timer, 0, 0);
-        }
+    int rc = connect_and_setup(s, url, err, sizeof err);
+    if (rc == 0) {
+        if (s->ever_connected)
+            log_info(LOG_NO_CONTEXT, "reconnected to RabbitMQ %s after %u attempt(s)",
+                     node_name(s, node, sizeof node), s->reconnect_attempt);
+        else
+            log_info(LOG_NO_CONTEXT, "connected to RabbitMQ %s", node_name(s, node, sizeof node));
+        s->ever_connected = true;
+        s->reconnect_attempt = 0;
+        s->failed_rounds = 0;
         return;
     }
-    log_info(LOG_NO_CONTEXT, "reconnected to RabbitMQ %s after %u attempt(s)",
-             node_name(s, node, sizeof node), s->reconnect_attempt);
-    s->reconnect_attempt = 0;
-    s->failed_rounds = 0;
-    if (s->cb->on_up)
-        s->cb->on_up(s->cb->ctx);
+    snprintf(text, sizeof text, "cannot connect to RabbitMQ %s: %s",
+             node_name(s, node, sizeof node), err[0] ? err : "unknown error");
+    if (rc == BROKER_E_REFUSED && !s->ever_connected) {
+        /* Before anything worked, a refusal is the configuration's: waiting will not fix it. */
+        log_error(LOG_NO_CONTEXT, "%s", text);
+        event_post(s, EV_FATAL, NULL, NULL, NULL, false, rc, text);
+        s->next_attempt_ms = INT64_MAX;
+        return;
+    }
+    event_post(s, EV_CONNECT_FAILED, NULL, NULL, NULL, false, rc, text);
+    if (broker_nodes_round_over(&s->nodes)) {
+        s->failed_rounds++;
+        schedule_round(s);
+        log_warn(LOG_NO_CONTEXT, "%s (attempt %u); next attempt in %lld ms", text,
+                 s->reconnect_attempt, (long long)(s->next_attempt_ms - monotonic_ms()));
+    } else {
+        /* The next node at once: a node that is down costs no backoff while another is up. */
+        log_warn(LOG_NO_CONTEXT, "%s (attempt %u); trying the next node", text,
+                 s->reconnect_attempt);
+        s->next_attempt_ms = monotonic_ms();
+    }
 }
 
-/* Begins a round over every node, after the backoff for the rounds that failed in a row (the
- * first round after a loss waits the shortest delay). */
-static void schedule_round(broker_session *s)
+/* Sleeps until the socket is readable, the loop posts a command, or timeout_ms pass. */
+static void wait_for_work(broker_session *s, int timeout_ms)
 {
-    if (s->freeing)
-        return;
+    struct pollfd fds[2] = {{.fd = s->wake_fd, .events = POLLIN}};
+    nfds_t n = 1;
+    if (s->conn) {
+        if (amqp_frames_enqueued(s->conn) || amqp_data_in_buffer(s->conn))
+            timeout_ms = 0;
+        fds[1] = (struct pollfd){.fd = amqp_get_sockfd(s->conn), .events = POLLIN};
+        n = 2;
+    }
+    if (poll(fds, n, timeout_ms) > 0 && (fds[0].revents & POLLIN)) {
+        uint64_t count;
+        ssize_t ignored = read(s->wake_fd, &count, sizeof count);
+        (void)ignored;
+    }
+}
+
+static void thread_main(void *arg)
+{
+    broker_session *s = arg;
+    s->next_attempt_ms = monotonic_ms();
     broker_nodes_new_round(&s->nodes);
-    uint64_t delay = backoff_delay_ms(&reconnect_backoff, s->failed_rounds, rng_next(&s->random));
-    uv_timer_start(&s->reconnect_timer, on_reconnect_timer, delay, 0);
+    while (!s->stop) {
+        if (!s->conn) {
+            run_commands(s);
+            if (s->stop)
+                break;
+            int64_t wait = s->next_attempt_ms - monotonic_ms();
+            if (wait <= 0) {
+                try_connect(s);
+                continue;
+            }
+            wait_for_work(s, wait > THREAD_TICK_MS ? THREAD_TICK_MS : (int)wait);
+            continue;
+        }
+        drain(s);
+        run_commands(s);
+        drain(s); /* what an RPC above queued */
+        probe_liveness(s);
+        if (s->conn && !s->stop)
+            wait_for_work(s, THREAD_TICK_MS);
+    }
+    fail_held_publishes(s);
+    if (s->conn) {
+        broker_close(s->conn);
+        s->conn = NULL;
+    }
+    broker_assembly_reset(&s->assembly);
+    broker_confirms_fail_all(&s->confirms);
+    event_post(s, EV_EXITED, NULL, NULL, NULL, false, 0, NULL);
+}
+
+/* ---- loop side ----------------------------------------------------------------------------- */
+
+static void on_async_closed(uv_handle_t *handle)
+{
+    broker_session *s = handle->data;
+    for (command *c = s->free_commands; c;) {
+        command *next = c->next;
+        free(c);
+        c = next;
+    }
+    for (event *e = s->free_events; e;) {
+        event *next = e->next;
+        free(e);
+        e = next;
+    }
+    free(s->tags.entries);
+    close(s->wake_fd);
+    uv_mutex_destroy(&s->lock);
+    free(s);
+}
+
+static void set_text(char *buf, size_t len, const char *text)
+{
+    snprintf(buf, len, "%s", text ? text : "out of memory");
+}
+
+static void handle_event(broker_session *s, event *e)
+{
+    switch (e->kind) {
+    case EV_MESSAGE:
+        if (s->freeing)
+            broker_message_free(e->msg); /* unacked: the broker requeues it with the connection */
+        else
+            s->cb->on_message(s->cb->ctx, e->msg);
+        break;
+    case EV_CONFIRM:
+        s->unconfirmed--;
+        e->cb(e->arg, e->flag);
+        break;
+    case EV_UP:
+        s->connected = true;
+        s->last_error[0] = '\0';
+        if (!s->freeing && s->cb->on_up)
+            s->cb->on_up(s->cb->ctx);
+        break;
+    case EV_DOWN: {
+        bool was_blocked = s->blocked;
+        s->connected = s->consuming = s->blocked = false;
+        set_text(s->last_error, sizeof s->last_error, e->text);
+        if (was_blocked && !s->freeing && s->cb->on_blocked)
+            s->cb->on_blocked(s->cb->ctx, NULL); /* a new connection starts unblocked */
+        if (!s->freeing && s->cb->on_down)
+            s->cb->on_down(s->cb->ctx, s->last_error);
+        break;
+    }
+    case EV_CONNECT_FAILED:
+        set_text(s->last_error, sizeof s->last_error, e->text);
+        break;
+    case EV_BLOCKED:
+        s->blocked = true;
+        set_text(s->blocked_reason, sizeof s->blocked_reason, e->text);
+        if (!s->freeing && s->cb->on_blocked)
+            s->cb->on_blocked(s->cb->ctx, s->blocked_reason);
+        break;
+    case EV_UNBLOCKED:
+        s->blocked = false;
+        if (!s->freeing && s->cb->on_blocked)
+            s->cb->on_blocked(s->cb->ctx, NULL);
+        break;
+    case EV_CONSUMING:
+        s->consuming = e->flag;
+        break;
+    case EV_FATAL:
+        s->fatal = true;
+        set_text(s->last_error, sizeof s->last_error, e->text);
+        if (!s->freeing && s->cb->on_fatal)
+            s->cb->on_fatal(s->cb->ctx, e->code, s->last_error);
+        break;
+    case EV_EXITED:
+        uv_thread_join(&s->thread);
+        s->thread_started = false;
+        uv_close((uv_handle_t *)&s->events_async, on_async_closed);
+        break;
+    }
+}
+
+static void on_events(uv_async_t *async)
+{
+    broker_session *s = async->data;
+    uv_mutex_lock(&s->lock);
+    event *e = s->events_head;
+    s->events_head = s->events_tail = NULL;
+    uv_mutex_unlock(&s->lock);
+    while (e) {
+        event *next = e->next;
+        bool exited = e->kind == EV_EXITED;
+        handle_event(s, e);
+        free(e->text);
+        if (exited) {
+            free(e); /* the session is being released: no free list any more */
+            for (e = next; e; e = next) { /* nothing follows EV_EXITED; be safe */
+                next = e->next;
+                free(e->text);
+                free(e);
+            }
+            return;
+        }
+        uv_mutex_lock(&s->lock);
+        e->next = s->free_events;
+        s->free_events = e;
+        uv_mutex_unlock(&s->lock);
+        e = next;
+    }
 }
 
 broker_session *broker_session_new(uv_loop_t *loop, const config *cfg,
@@ -410,129 +1042,131 @@ broker_session *broker_session_new(uv_loop_t *loop, const config *cfg,
     s->cfg = cfg;
     s->cb = callbacks;
     s->want_consuming = true;
-    s->generation = 1;
+    s->thread_generation = 1;
+    atomic_init(&s->generation, 1);
+    atomic_init(&s->frame_max, AMQP_DEFAULT_FRAME_SIZE);
+    atomic_init(&s->last_rx_ms, monotonic_ms());
+    snprintf(s->last_error, sizeof s->last_error, "connecting to RabbitMQ");
+    s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->wake_fd < 0 || uv_mutex_init(&s->lock) != 0) {
+        if (s->wake_fd >= 0)
+            close(s->wake_fd);
+        free(s);
+        return NULL;
+    }
+    if (uv_async_init(loop, &s->events_async, on_events) != 0) {
+        uv_mutex_destroy(&s->lock);
+        close(s->wake_fd);
+        free(s);
+        return NULL;
+    }
+    s->events_async.data = s;
     rng_init(&s->random, (uint64_t)(uintptr_t)s);
     broker_nodes_init(&s->nodes, cfg->amqp_urls, cfg->amqp_url_count, &s->random);
     broker_assembly_init(&s->assembly);
     broker_confirms_init(&s->confirms);
-    uv_timer_init(loop, &s->tick_timer);
-    uv_timer_init(loop, &s->reconnect_timer);
-    s->tick_timer.data = s;
-    s->reconnect_timer.data = s;
-    s->open_handles = 2;
     return s;
-}
-
-/* The first connection: the nodes in their shuffled order until one answers. A refusal (the
- * topology conflicts with the broker's) is the cluster's, not one node's: no other node is tried
- * then. */
-static int connect_first(broker_session *s, char *err, size_t err_len)
-{
-    char node[600];
-    const char *url;
-    int rc = BROKER_E_FAILED;
-    broker_nodes_new_round(&s->nodes);
-    while ((url = broker_nodes_next(&s->nodes)) != NULL) {
-        rc = connect_and_setup(s, url, err, err_len);
-        if (rc == 0) {
-            log_info(LOG_NO_CONTEXT, "connected to RabbitMQ %s", node_name(s, node, sizeof node));
-            return 0;
-        }
-        if (rc == BROKER_E_REFUSED || s->nodes.count == 1)
-            return rc;
-        if (!broker_nodes_round_over(&s->nodes))
-            log_warn(LOG_NO_CONTEXT, "cannot use RabbitMQ %s: %s; trying the next node",
-                     node_name(s, node, sizeof node), err);
-    }
-    /* The others were logged above; the last one's reason goes with the error. */
-    char last[1024];
-    snprintf(last, sizeof last, "%s", err);
-    snprintf(err, err_len, "none of the %zu RabbitMQ nodes could be used; the last, %s: %s",
-             s->nodes.count, node_name(s, node, sizeof node), last);
-    return rc;
 }
 
 int broker_session_start(broker_session *s, char *err, size_t err_len)
 {
-    int rc = connect_first(s, err, err_len);
-    if (rc != 0)
-        return rc;
-    uint64_t tick = s->cfg->heartbeat_ms ? s->cfg->heartbeat_ms / 4 : 5000;
-    if (tick < 250)
-        tick = 250;
-    uv_timer_start(&s->tick_timer, on_tick, tick, tick);
+    int rc = uv_thread_create(&s->thread, thread_main, s);
+    if (rc != 0) {
+        snprintf(err, err_len, "cannot start the broker thread: %s", uv_strerror(rc));
+        return BROKER_E_FAILED;
+    }
+    s->thread_started = true;
     return 0;
+}
+
+static void post_settle(broker_session *s, const broker_message *msg, command_kind kind)
+{
+    if (s->freeing || msg->generation != atomic_load(&s->generation))
+        return; /* its connection is gone: the broker requeued it already */
+    command *c = command_get(s);
+    if (!c)
+        return; /* unacked: redelivered at the next reconnect, and the dedup row settles it */
+    c->kind = kind;
+    c->generation = msg->generation;
+    c->delivery_tag = msg->delivery_tag;
+    command_post(s, c);
 }
 
 void broker_ack(broker_session *s, const broker_message *msg)
 {
-    if (!s->conn || msg->generation != s->generation)
-        return;
-    int rc = amqp_basic_ack(s->conn, BROKER_CHANNEL, msg->delivery_tag, 0);
-    if (rc != AMQP_STATUS_OK)
-        connection_lost(s, amqp_error_string2(rc));
+    post_settle(s, msg, CMD_ACK);
 }
 
 void broker_nack_requeue(broker_session *s, const broker_message *msg)
 {
-    if (!s->conn || msg->generation != s->generation)
-        return;
-    int rc = amqp_basic_nack(s->conn, BROKER_CHANNEL, msg->delivery_tag, 0, 1);
-    if (rc != AMQP_STATUS_OK)
-        connection_lost(s, amqp_error_string2(rc));
+    post_settle(s, msg, CMD_NACK);
+}
+
+void broker_reject(broker_session *s, const broker_message *msg)
+{
+    post_settle(s, msg, CMD_REJECT);
 }
 
 int broker_publish_copy(broker_session *s, const broker_message *msg, const char *exchange,
                         const char *routing_key, copy_headers *headers, broker_confirm_cb cb,
                         void *arg)
 {
-    if (msg->generation != s->generation)
+    if (msg->generation != atomic_load(&s->generation))
         return BROKER_E_STALE; /* also when not connected: the generation moved on */
-    if (!s->conn)
+    if (s->freeing || !s->thread_started)
         return BROKER_E_FAILED;
-    uint64_t seq;
-    if (broker_confirms_push(&s->confirms, cb, arg, &seq) != 0)
+    command *c = command_get(s);
+    if (!c)
         return BROKER_E_FAILED;
-    amqp_pool_t pool;
-    amqp_basic_properties_t props;
-    init_amqp_pool(&pool, 1024);
-    headers->publish_seq = seq;
-    int rc = message_copy_properties(msg, headers, &pool, &props);
-    if (rc == 0) {
-        amqp_bytes_t body = {.len = msg->body_len, .bytes = msg->body};
-        rc = amqp_basic_publish(s->conn, BROKER_CHANNEL, amqp_cstring_bytes(exchange),
-                                amqp_cstring_bytes(routing_key), 1, 0, &props, body);
-        if (rc != AMQP_STATUS_OK) {
-            empty_amqp_pool(&pool);
-            broker_confirms_cancel_last(&s->confirms); /* before failing the others */
-            connection_lost(s, amqp_error_string2(rc));
-            return BROKER_E_FAILED;
-        }
-    }
-    empty_amqp_pool(&pool);
+    c->kind = CMD_PUBLISH;
+    c->session = s;
+    c->generation = msg->generation;
+    c->cb = cb;
+    c->arg = arg;
+    c->exchange = strdup(exchange);
+    c->routing_key = strdup(routing_key);
+    init_amqp_pool(&c->pool, 1024);
+    c->pool_ready = true;
+    headers->publish_seq = 0; /* the broker thread writes the channel's number */
+    int rc = c->exchange && c->routing_key
+                 ? message_copy_properties(msg, headers, (size_t)atomic_load(&s->frame_max),
+                                           &c->pool, &c->props)
+                 : BROKER_E_FAILED;
     if (rc != 0) {
-        broker_confirms_cancel_last(&s->confirms);
-        return BROKER_E_FAILED;
+        command_release(s, c);
+        return rc == MESSAGE_E_TOO_LARGE ? BROKER_E_TOO_LARGE : BROKER_E_FAILED;
     }
-    /* rabbitmq-c may read frames while sending (an overdue heartbeat): serve them now. */
-    drain(s);
+    c->body = (amqp_bytes_t){.len = msg->body_len, .bytes = msg->body};
+    s->unconfirmed++;
+    command_post(s, c);
     return 0;
+}
+
+static void post_simple(broker_session *s, command_kind kind, bool consuming)
+{
+    command *c = command_get(s);
+    while (!c) { /* a few bytes: a stop or a pause must not be lost */
+        usleep(1000);
+        c = command_get(s);
+    }
+    c->kind = kind;
+    c->consuming = consuming;
+    command_post(s, c);
 }
 
 void broker_set_consuming(broker_session *s, bool consuming)
 {
-    char err[1024];
-    s->want_consuming = consuming;
-    if (apply_consuming(s, err, sizeof err) != 0) {
-        connection_lost(s, err);
-        return;
-    }
-    drain(s);
+    post_simple(s, CMD_CONSUME, consuming);
+}
+
+void broker_abandon_held_publishes(broker_session *s)
+{
+    post_simple(s, CMD_ABANDON_HELD, false);
 }
 
 bool broker_is_connected(const broker_session *s)
 {
-    return s->conn != NULL;
+    return s->connected;
 }
 
 bool broker_is_consuming(const broker_session *s)
@@ -542,14 +1176,35 @@ bool broker_is_consuming(const broker_session *s)
 
 size_t broker_unconfirmed(const broker_session *s)
 {
-    return s->confirms.pending;
+    return s->unconfirmed;
 }
 
-static void on_session_handle_closed(uv_handle_t *handle)
+bool broker_is_blocked(const broker_session *s, char *reason, size_t reason_len)
 {
-    broker_session *s = handle->data;
-    if (--s->open_handles == 0)
-        free(s);
+    if (s->blocked && reason && reason_len)
+        snprintf(reason, reason_len, "%s", s->blocked_reason);
+    return s->blocked;
+}
+
+bool broker_describe_unready(const broker_session *s, char *buf, size_t len)
+{
+    if (!s->connected) {
+        snprintf(buf, len, "not connected to RabbitMQ: %s", s->last_error);
+        return true;
+    }
+    if (s->blocked) {
+        snprintf(buf, len, "RabbitMQ blocks the connection (resource alarm: %s); no new "
+                 "deliveries until it clears", s->blocked_reason);
+        return true;
+    }
+    /* broker_session is borrowed const, the atomic is only read. */
+    int64_t quiet = monotonic_ms() - atomic_load(&((broker_session *)s)->last_rx_ms);
+    if (quiet > SILENT_AFTER_MS) {
+        snprintf(buf, len, "RabbitMQ has not answered for %lld s (liveness probe unanswered)",
+                 (long long)(quiet / 1000));
+        return true;
+    }
+    return false;
 }
 
 void broker_session_free(broker_session *s)
@@ -557,9 +1212,9 @@ void broker_session_free(broker_session *s)
     if (!s)
         return;
     s->freeing = true;
-    drop_connection(s, true);
-    uv_timer_stop(&s->tick_timer);
-    uv_timer_stop(&s->reconnect_timer);
-    uv_close((uv_handle_t *)&s->tick_timer, on_session_handle_closed);
-    uv_close((uv_handle_t *)&s->reconnect_timer, on_session_handle_closed);
+    if (!s->thread_started) {
+        uv_close((uv_handle_t *)&s->events_async, on_async_closed);
+        return;
+    }
+    post_simple(s, CMD_STOP, false);
 }

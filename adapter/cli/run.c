@@ -2,10 +2,16 @@
  * run — `idemq run`: wires the broker session, the store, the HTTP endpoint and the delivery
  * pipeline (adapter/run/), and owns signals and shutdown.
  *
- * A delivery is decoded on the loop thread (a bad body never reaches the database), applied by a
- * DB worker in one transaction, and its outcome is carried out back on the loop thread
- * (run/settle.h): ack after the commit, or publish a retry/DLQ copy and ack only after the broker
- * confirmed it. A database outage or a schema error pauses consumption and holds what comes back
+ * Nothing here waits on the network: the broker connection is the broker thread's
+ * (broker/session.h) and the database the DB workers' (store/store.h), so /healthz, /readyz and
+ * /metrics answer at once whatever the servers do. The HTTP endpoint starts first; a broker or a
+ * database that is down at start-up is waited for, with /readyz saying why; only a refusal (bad
+ * credentials, a topology conflict) or a configuration error ends the run (exit 2).
+ * A delivery is decoded before it reaches the database (a bad body never does; a large body is
+ * decoded on libuv's thread pool so the loop is never busy for long), applied by a DB worker in
+ * one transaction, and its outcome is carried out back on the loop thread (run/settle.h): ack
+ * after the commit, or publish a retry/DLQ copy and ack only after the broker confirmed it. Every
+ * outcome is logged once it is final, with one count in idemq_messages_total. A database outage or a schema error pauses consumption and holds what comes back
  * unavailable, unacked, until a probe passes (run/outage.h). SIGTERM stops consuming, lets
  * in-flight work finish and be acked, then closes; a second signal exits at once (the broker
  * redelivers unacked messages and the dedup row settles them). Thread affinity: loop thread.
@@ -38,6 +44,9 @@
 #include "util/rng.h"
 
 #define HEALTH_PING_MS 5000
+#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+/* Bodies above this are decoded off the loop: 900 KB of JSON takes milliseconds to parse. */
+#define DECODE_OFF_LOOP_BYTES (64 * 1024)
 
 /* Where the run is between start and exit. */
 typedef enum run_state {
@@ -59,6 +68,7 @@ typedef struct runner {
     store_job health_job; /* periodic ping so idemq_up{mysql} is right when idle */
     bool health_pending;
     run_state state;
+    int exit_code;         /* what run_consumers returns once the loop ends */
     size_t inflight_count; /* deliveries received and not yet retired */
     metrics *metrics;
     http_server *http; /* /metrics /healthz /readyz */
@@ -87,7 +97,10 @@ static void submit_delivery(void *ctx, delivery *d)
 {
     runner *r = ctx;
     if (store_submit(r->store, &d->job) != 0) {
+        log_context log_ctx = delivery_log_context(d, outcome_label_name(OUTCOME_REQUEUED));
+        log_warn(&log_ctx, "requeued: the DB workers are shutting down");
         broker_nack_requeue(r->broker, d->msg);
+        delivery_count_outcome(d, r->metrics, OUTCOME_REQUEUED);
         retire_delivery(r, d);
     }
 }
@@ -97,25 +110,21 @@ static void on_probe_settled(void *ctx)
     maybe_finish_shutdown(ctx);
 }
 
-static void on_message(void *ctx, broker_message *msg)
+/* Counts and logs a delivery given back untouched before it became a delivery of ours. */
+static void give_back(runner *r, broker_message *msg, const char *why)
 {
-    runner *r = ctx;
-    if (r->state != RUN_ACTIVE) {
-        /* Sent before our basic.cancel reached the broker: give it back untouched. */
-        broker_nack_requeue(r->broker, msg);
-        broker_message_free(msg);
-        return;
-    }
-    delivery *d = delivery_new(msg, &r->cfg->consumers[msg->consumer_index]);
-    if (!d) {
-        broker_nack_requeue(r->broker, msg);
-        broker_message_free(msg);
-        return;
-    }
-    d->settler = &r->settler;
-    r->inflight_count++;
-    metrics_inflight_add(r->metrics, msg->consumer_index, 1);
-    if (delivery_decode(d, r->cfg->max_body) != 0) {
+    log_context ctx = {.queue = r->cfg->consumers[msg->consumer_index].queue, .retries = -1,
+                       .outcome = outcome_label_name(OUTCOME_REQUEUED)};
+    log_info(&ctx, "requeued: %s", why);
+    metrics_count(r->metrics, msg->consumer_index, OUTCOME_REQUEUED);
+    broker_nack_requeue(r->broker, msg);
+    broker_message_free(msg);
+}
+
+/* The decoded (or undecodable) delivery goes on to the database, or to the hold list. */
+static void continue_delivery(runner *r, delivery *d)
+{
+    if (d->decode_rc != 0) {
         settle_delivery(&r->settler, d, APPLY_NON_RETRYABLE);
         return;
     }
@@ -125,6 +134,47 @@ static void on_message(void *ctx, broker_message *msg)
         return;
     }
     submit_delivery(r, d);
+}
+
+static void decode_on_pool(uv_work_t *work)
+{
+    delivery *d = container_of(work, delivery, decode_work);
+    runner *r = work->data;
+    d->decode_rc = delivery_decode(d, r->cfg->max_body); /* cfg is read-only: safe here */
+}
+
+static void after_decode_on_pool(uv_work_t *work, int status)
+{
+    delivery *d = container_of(work, delivery, decode_work);
+    runner *r = work->data;
+    if (status != 0) /* not cancelled by us; decode here then */
+        d->decode_rc = delivery_decode(d, r->cfg->max_body);
+    continue_delivery(r, d);
+}
+
+static void on_message(void *ctx, broker_message *msg)
+{
+    runner *r = ctx;
+    if (r->state != RUN_ACTIVE) {
+        /* Sent before our basic.cancel reached the broker: give it back untouched. */
+        give_back(r, msg, "arrived while shutting down");
+        return;
+    }
+    delivery *d = delivery_new(msg, &r->cfg->consumers[msg->consumer_index]);
+    if (!d) {
+        give_back(r, msg, "out of memory");
+        return;
+    }
+    d->settler = &r->settler;
+    r->inflight_count++;
+    metrics_inflight_add(r->metrics, msg->consumer_index, 1);
+    if (msg->body_len > DECODE_OFF_LOOP_BYTES) {
+        d->decode_work.data = r;
+        if (uv_queue_work(r->loop, &d->decode_work, decode_on_pool, after_decode_on_pool) == 0)
+            return;
+    }
+    d->decode_rc = delivery_decode(d, r->cfg->max_body);
+    continue_delivery(r, d);
 }
 
 static void on_health_done(store_job *job)
@@ -161,6 +211,31 @@ static void on_broker_down(void *ctx, const char *reason)
     metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, false);
     log_warn(LOG_NO_CONTEXT, "RabbitMQ down (%s); unacked deliveries will be redelivered", reason);
     outage_drop_held(&r->outage, false);
+}
+
+static void on_broker_blocked(void *ctx, const char *reason)
+{
+    runner *r = ctx;
+    metrics_set_broker_blocked(r->metrics, reason != NULL);
+    if (reason)
+        log_warn(LOG_NO_CONTEXT,
+                 "RabbitMQ blocked the connection (resource alarm: %s): taking no new deliveries "
+                 "and holding retry/DLQ copies unsent until it clears",
+                 reason);
+    else
+        log_info(LOG_NO_CONTEXT, "RabbitMQ unblocked the connection: resuming");
+}
+
+static void begin_stopping(runner *r);
+
+static void on_broker_fatal(void *ctx, int code, const char *reason)
+{
+    runner *r = ctx;
+    (void)reason; /* logged by the session */
+    if (r->state != RUN_ACTIVE)
+        return;
+    r->exit_code = code == BROKER_E_REFUSED ? EXIT_USAGE : 1;
+    begin_stopping(r);
 }
 
 static void log_summary(runner *r)
@@ -224,15 +299,9 @@ static void exit_on_second_signal(int signum)
     _exit(1);
 }
 
-static void on_signal(uv_signal_t *handle, int signum)
+/* No new deliveries; in-flight ones settle; then close_everything. */
+static void begin_stopping(runner *r)
 {
-    runner *r = handle->data;
-    if (r->state != RUN_ACTIVE) {
-        log_warn(LOG_NO_CONTEXT, "second signal: exiting now; unacked messages are redelivered");
-        _exit(1);
-    }
-    log_info(LOG_NO_CONTEXT, "signal %d: stopping consumption, finishing %zu in-flight message(s)",
-             signum, r->inflight_count);
     r->state = RUN_STOPPING;
     uv_signal_stop(&r->sigterm);
     uv_signal_stop(&r->sigint);
@@ -243,20 +312,37 @@ static void on_signal(uv_signal_t *handle, int signum)
     outage_stop(&r->outage);
     uv_timer_stop(&r->health_timer);
     broker_set_consuming(r->broker, false);
+    /* A resource alarm can last: copies it holds unsent are given up, their originals go back. */
+    broker_abandon_held_publishes(r->broker);
     outage_drop_held(&r->outage, true);
     uv_timer_start(&r->shutdown_timer, on_shutdown_timeout, r->cfg->shutdown_timeout_ms, 0);
     maybe_finish_shutdown(r);
 }
 
-/* /readyz: ready only when connected to both servers, consuming and not pausing or stopping. */
+static void on_signal(uv_signal_t *handle, int signum)
+{
+    runner *r = handle->data;
+    if (r->state != RUN_ACTIVE) {
+        log_warn(LOG_NO_CONTEXT, "second signal: exiting now; unacked messages are redelivered");
+        _exit(1);
+    }
+    log_info(LOG_NO_CONTEXT, "signal %d: stopping consumption, finishing %zu in-flight message(s)",
+             signum, r->inflight_count);
+    begin_stopping(r);
+}
+
+/* /readyz: ready only when the broker connection works (connected, not blocked, answering),
+ * the database answers, and idemq consumes (not paused, not stopping). Reads state only. */
 static bool is_ready(void *ctx, char *reason, size_t reason_len)
 {
     runner *r = ctx;
     const char *why = NULL;
     if (r->state != RUN_ACTIVE)
         why = "shutting down";
-    else if (!r->broker || !broker_is_connected(r->broker))
+    else if (!r->broker)
         why = "not connected to RabbitMQ";
+    else if (broker_describe_unready(r->broker, reason, reason_len))
+        return false;
     else if (outage_is_paused(&r->outage)) {
         outage_describe(&r->outage, reason, reason_len);
         return false;
@@ -301,8 +387,12 @@ static int run_consumers(const config *cfg)
     r->loop = loop;
     r->cfg = cfg;
     signal(SIGPIPE, SIG_IGN); /* a scraper resetting mid-response must not kill us (http_server) */
-    r->callbacks = (broker_session_callbacks){
-        .ctx = r, .on_message = on_message, .on_up = on_broker_up, .on_down = on_broker_down};
+    r->callbacks = (broker_session_callbacks){.ctx = r,
+                                              .on_message = on_message,
+                                              .on_up = on_broker_up,
+                                              .on_down = on_broker_down,
+                                              .on_blocked = on_broker_blocked,
+                                              .on_fatal = on_broker_fatal};
 
     if (store_pool_new(loop, cfg, &r->store, err, sizeof err) != 0) {
         log_error(LOG_NO_CONTEXT, "cannot start DB workers: %s", err);
@@ -333,17 +423,16 @@ static int run_consumers(const config *cfg)
     const char *tls_warning = broker_tls_warning(cfg->amqp_urls[0], &cfg->amqp_tls);
     if (tls_warning)
         log_warn(LOG_NO_CONTEXT, "%s", tls_warning);
-    int rc = broker_session_start(r->broker, err, sizeof err);
-    metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, rc == 0);
-    if (rc != 0) {
-        log_error(LOG_NO_CONTEXT, "%s", err);
-        exit_code = rc == BROKER_E_REFUSED ? EXIT_USAGE : 1;
+    /* HTTP first: /healthz answers, and /readyz says why not, while the servers are awaited. */
+    if (start_http(r) != 0) {
+        exit_code = 1;
         r->state = RUN_STOPPING;
         close_everything(r);
         uv_run(loop, UV_RUN_DEFAULT);
         goto out_freed;
     }
-    if (start_http(r) != 0) {
+    if (broker_session_start(r->broker, err, sizeof err) != 0) {
+        log_error(LOG_NO_CONTEXT, "%s", err);
         exit_code = 1;
         r->state = RUN_STOPPING;
         close_everything(r);
@@ -357,7 +446,7 @@ static int run_consumers(const config *cfg)
                  cfg->consumers[i].handler_name, (size_t)cfg->workers, cfg->prefetch);
     }
     uv_run(loop, UV_RUN_DEFAULT);
-    exit_code = 0;
+    exit_code = r->exit_code;
 out_freed:
     uv_loop_close(loop);
     metrics_free(r->metrics);

@@ -27,6 +27,7 @@ typedef struct consumer_metrics {
     double seconds_sum;
     int64_t inflight;
     int64_t held;
+    uint64_t unpublishable;
 } consumer_metrics;
 
 struct metrics {
@@ -35,6 +36,8 @@ struct metrics {
     bool up[2];
     metrics_pause pause;
     uint64_t schema_errors;
+    bool broker_blocked;
+    uint64_t broker_blocked_total;
     metrics_ready_fn ready;
     void *ready_ctx;
 };
@@ -120,6 +123,19 @@ void metrics_held_add(metrics *m, size_t consumer, int delta)
 {
     if (consumer < m->cfg->consumer_count)
         m->consumers[consumer].held += delta;
+}
+
+void metrics_set_broker_blocked(metrics *m, bool blocked)
+{
+    if (blocked && !m->broker_blocked)
+        m->broker_blocked_total++;
+    m->broker_blocked = blocked;
+}
+
+void metrics_copy_unpublishable(metrics *m, size_t consumer)
+{
+    if (consumer < m->cfg->consumer_count)
+        m->consumers[consumer].unpublishable++;
 }
 
 void metrics_set_pause(metrics *m, metrics_pause pause)
@@ -402,6 +418,23 @@ int metrics_render(const metrics *m, char **out, size_t *len)
              "idemq_up{dependency=\"rabbitmq\"} %d\n"
              "idemq_up{dependency=\"mysql\"} %d\n",
          m->up[METRICS_DEP_RABBITMQ] ? 1 : 0, m->up[METRICS_DEP_MYSQL] ? 1 : 0);
+    emit(&b, "# HELP idemq_broker_blocked Whether RabbitMQ blocks the connection (a resource "
+             "alarm).\n"
+             "# TYPE idemq_broker_blocked gauge\n"
+             "idemq_broker_blocked %d\n"
+             "# HELP idemq_broker_blocked_total connection.blocked notifications received.\n"
+             "# TYPE idemq_broker_blocked_total counter\n"
+             "idemq_broker_blocked_total %" PRIu64 "\n",
+         m->broker_blocked ? 1 : 0, m->broker_blocked_total);
+    emit(&b, "# HELP idemq_copies_unpublishable_total Retry or dead-letter copies that could not "
+             "be encoded within frame_max; the original was rejected to the work queue's own "
+             "dead-letter route.\n"
+             "# TYPE idemq_copies_unpublishable_total counter\n");
+    for (size_t i = 0; i < n; i++) {
+        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
+        emit(&b, "idemq_copies_unpublishable_total{queue=\"%s\"} %" PRIu64 "\n", queue,
+             m->consumers[i].unpublishable);
+    }
     if (m->ready) {
         char reason[256];
         emit(&b, "# HELP idemq_ready Whether /readyz answers 200: connected to RabbitMQ and "

@@ -15,6 +15,12 @@
  *   idemq_paused{reason="database"|"schema"} 1 while consumption is paused for that reason
  *   idemq_schema_errors_total                pauses caused by a schema error
  *   idemq_up{dependency="rabbitmq"|"mysql"}  1 when the dependency answers
+ *   idemq_broker_blocked                     1 while RabbitMQ blocks the connection (a resource
+ *                                            alarm: connection.blocked)
+ *   idemq_broker_blocked_total               connection.blocked notifications received
+ *   idemq_copies_unpublishable_total{queue}  retry/DLQ copies that could not be encoded within
+ *                                            frame_max: their originals were rejected to the
+ *                                            work queue's own dead-letter route
  *   idemq_ready                              1 when /readyz answers 200 (asked at each render,
  *                                            when a readiness probe is set)
  *   process_*                                the standard process metrics, read from /proc at
@@ -65,6 +71,9 @@ void metrics_observe_handler(metrics *m, size_t consumer, uint64_t duration_ns);
 void metrics_inflight_add(metrics *m, size_t consumer, int delta);
 void metrics_set_up(metrics *m, metrics_dependency dependency, bool up);
 void metrics_held_add(metrics *m, size_t consumer, int delta);
+/* A blocked → true transition counts one idemq_broker_blocked_total. */
+void metrics_set_broker_blocked(metrics *m, bool blocked);
+void metrics_copy_unpublishable(metrics *m, size_t consumer);
 /* Entering METRICS_PAUSE_SCHEMA from another state counts one schema error. */
 void metrics_set_pause(metrics *m, metrics_pause pause);
 metrics_pause metrics_get_pause(const metrics *m);

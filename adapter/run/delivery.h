@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <uv.h>
 
 #include "broker/message.h"
 #include "config/config.h"
@@ -38,6 +39,8 @@ typedef struct delivery {
     struct settler *settler;    /* borrowed: carries out its outcome (settle.h) */
     struct delivery *held_next; /* on the outage's hold list while consumption is paused */
     message_trace trace;        /* the producer's identifiers outside the body, for logs */
+    uv_work_t decode_work;      /* a large body is decoded on libuv's thread pool (run.c) */
+    int decode_rc;              /* delivery_decode's result, read back on the loop */
 } delivery;
 
 /* The delivery whose job this is (job is its first member). */

@@ -10,20 +10,48 @@
 #include "ops/log.h"
 #include "util/wallclock.h"
 
+/* The copy's outcome line, written once the outcome is final (the broker confirmed the copy). */
+static void log_copy_outcome(const delivery *d)
+{
+    const config_consumer *c = d->consumer;
+    log_context ctx = delivery_log_context(d, outcome_label_name(d->out.label));
+    if (d->out.action == OUTCOME_RETRY)
+        log_warn(&ctx, "retry %u of %u in %" PRIu64 " ms: %s", d->out.retries, c->retry.max_retries,
+                 d->out.delay_ms, d->job.error);
+    else
+        log_error(&ctx, "dead-lettered (%s): %s", error_class_name(d->out.error_class),
+                  d->job.error);
+}
+
+static const char *copy_kind(const delivery *d)
+{
+    return d->out.action == OUTCOME_RETRY ? "retry" : "dead-letter";
+}
+
+/* Gives d back to its queue with its outcome line and count: "requeued" is an outcome too. */
+static void requeue(settler *s, delivery *d, const char *why)
+{
+    log_context ctx = delivery_log_context(d, outcome_label_name(OUTCOME_REQUEUED));
+    log_warn(&ctx, "requeued: %s", why);
+    broker_nack_requeue(s->broker, d->msg);
+    delivery_count_outcome(d, s->metrics, OUTCOME_REQUEUED);
+    s->retire(s->ctx, d);
+}
+
 static void on_copy_confirmed(void *arg, bool confirmed)
 {
     delivery *d = arg;
     settler *s = d->settler;
-    if (confirmed) {
-        broker_ack(s->broker, d->msg);
-        delivery_count_outcome(d, s->metrics, d->out.label);
-    } else {
+    if (!confirmed) {
         /* The copy may not exist: keep the original (the broker redelivers it). */
-        log_context ctx = delivery_log_context(d, "requeued");
-        log_warn(&ctx, "broker did not confirm the %s copy; requeueing the original",
-                 d->out.action == OUTCOME_RETRY ? "retry" : "dead-letter");
-        broker_nack_requeue(s->broker, d->msg);
+        requeue(s, d, d->out.action == OUTCOME_RETRY
+                          ? "the broker did not confirm the retry copy"
+                          : "the broker did not confirm the dead-letter copy");
+        return;
     }
+    log_copy_outcome(d);
+    broker_ack(s->broker, d->msg);
+    delivery_count_outcome(d, s->metrics, d->out.label);
     s->retire(s->ctx, d);
 }
 
@@ -52,16 +80,32 @@ static void publish_copy(settler *s, delivery *d)
     }
     int rc = broker_publish_copy(s->broker, d->msg, exchange, routing_key, &headers,
                                  on_copy_confirmed, d);
+    if (rc == 0)
+        return;
     if (rc == BROKER_E_STALE) {
         /* Its connection is gone and the broker hands the delivery out again: a copy now would
          * be a second one for the same failure. */
-        log_context ctx = delivery_log_context(d, "abandoned");
-        log_warn(&ctx, "no %s copy: the delivery's connection closed; the broker redelivers it",
-                 d->out.action == OUTCOME_RETRY ? "retry" : "dead-letter");
+        log_context ctx = delivery_log_context(d, outcome_label_name(OUTCOME_REQUEUED));
+        log_warn(&ctx, "requeued: no %s copy, the delivery's connection closed and the broker "
+                 "redelivers it", copy_kind(d));
+        delivery_count_outcome(d, s->metrics, OUTCOME_REQUEUED);
         s->retire(s->ctx, d);
-    } else if (rc != 0) {
-        broker_nack_requeue(s->broker, d->msg);
+    } else if (rc == BROKER_E_TOO_LARGE) {
+        /* Not the connection's fault, and not the next message's: this one alone leaves by the
+         * work queue's own dead-letter route (or is dropped by the broker if it has none), and
+         * the queue behind it keeps flowing. */
+        log_context ctx = delivery_log_context(d, "rejected");
+        log_error(&ctx,
+                  "rejected without requeue: its %s copy cannot be encoded within the "
+                  "connection's frame_max even without the producer's headers; the work queue's "
+                  "dead-letter route (x-dead-letter-exchange), if it has one, takes it: %s",
+                  copy_kind(d), d->job.error);
+        broker_reject(s->broker, d->msg);
+        metrics_copy_unpublishable(s->metrics, d->msg->consumer_index);
         s->retire(s->ctx, d);
+    } else {
+        requeue(s, d, "the copy could not be queued for publishing (not connected, or out of "
+                      "memory)");
     }
 }
 
@@ -91,14 +135,8 @@ void settle_delivery(settler *s, delivery *d, apply_status status)
         s->retire(s->ctx, d);
         return;
     case OUTCOME_RETRY:
-        log_warn(&ctx, "retry %u of %u in %" PRIu64 " ms: %s", d->out.retries, c->retry.max_retries,
-                 d->out.delay_ms, d->job.error);
-        publish_copy(s, d);
-        return;
     case OUTCOME_DEAD_LETTER:
-        log_error(&ctx, "dead-lettered (%s): %s", error_class_name(d->out.error_class),
-                  d->job.error);
-        publish_copy(s, d);
+        publish_copy(s, d); /* logged when the outcome is final */
         return;
     case OUTCOME_HOLD:
         ctx.outcome = "held";
