@@ -27,8 +27,8 @@
 typedef struct direction {
     char data[BUFFER_BYTES]; /* read from fd[i], to be written to fd[1 - i] */
     size_t len;
-    bool eof;      /* fd[i] said EOF */
-    bool shut;     /* ... and that EOF was passed on: shutdown(fd[1 - i], SHUT_WR) */
+    bool eof;  /* fd[i] said EOF */
+    bool shut; /* ... and that EOF was passed on: shutdown(fd[1 - i], SHUT_WR) */
 } direction;
 
 typedef struct pair {
@@ -49,10 +49,10 @@ struct freeze_proxy {
     bool frozen, refuse, stopping;
     char host[256];
     unsigned target_port;
-    unsigned long drops;     /* drop requests so far */
-    unsigned long requests;  /* control calls so far */
-    unsigned long applied;   /* control calls the thread has applied */
-    int listen_rc;           /* result of the last re-listen */
+    unsigned long drops;    /* drop requests so far */
+    unsigned long requests; /* control calls so far */
+    unsigned long applied;  /* control calls the thread has applied */
+    int listen_rc;          /* result of the last re-listen */
     char listen_err[256];
     size_t open;
     unsigned long accepted;
@@ -108,7 +108,8 @@ static int listen_on(unsigned port, unsigned *bound, char *err, size_t err_len)
 static int connect_upstream(const char *host, unsigned port, bool *in_progress)
 {
     char service[16];
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICSERV},
                     *res = NULL;
     snprintf(service, sizeof service, "%u", port);
@@ -155,8 +156,8 @@ static void accept_all(freeze_proxy *p, const char *host, unsigned port)
         p->accepted++;
         pthread_mutex_unlock(&p->lock);
         bool in_progress = false;
-        int upstream = set_nonblocking(client) == 0 ? connect_upstream(host, port, &in_progress)
-                                                    : -1;
+        int upstream =
+            set_nonblocking(client) == 0 ? connect_upstream(host, port, &in_progress) : -1;
         pair *c = upstream >= 0 ? calloc(1, sizeof *c) : NULL;
         if (c && p->count == p->cap) {
             size_t cap = p->cap ? p->cap * 2 : 8;
@@ -385,8 +386,8 @@ static void set_target(freeze_proxy *p, const void *arg)
     p->target_port = t->port;
 }
 
-int freeze_proxy_start(const char *target_host, unsigned target_port, freeze_proxy **out,
-                       char *err, size_t err_len)
+int freeze_proxy_start(const char *target_host, unsigned target_port, freeze_proxy **out, char *err,
+                       size_t err_len)
 {
     *out = NULL;
     freeze_proxy *p = calloc(1, sizeof *p);

@@ -39,8 +39,8 @@ typedef struct freeze_proxy freeze_proxy;
  * each connection: its first address that does not refuse at once is used, so prefer numeric)
  * on 127.0.0.1 at an ephemeral port. Returns 0 with the owned proxy in *out, or
  * -1 with a reason in err (socket, bind, thread). */
-int freeze_proxy_start(const char *target_host, unsigned target_port, freeze_proxy **out,
-                       char *err, size_t err_len);
+int freeze_proxy_start(const char *target_host, unsigned target_port, freeze_proxy **out, char *err,
+                       size_t err_len);
 
 /* The port it listens on (127.0.0.1). */
 unsigned freeze_proxy_port(const freeze_proxy *p);
