@@ -240,7 +240,7 @@ int db_health_start(const db_dsn *dsn, const db_health_options *opts, db_health 
     *out = h;
     return 0;
 fail:
-    memset(h->dsn.password, 0, sizeof h->dsn.password);
+    explicit_bzero(h->dsn.password, sizeof h->dsn.password);
     free(h);
     return -1;
 }
@@ -291,6 +291,6 @@ void db_health_free(db_health *h)
     uv_thread_join(&h->thread);
     uv_cond_destroy(&h->wake);
     uv_mutex_destroy(&h->lock);
-    memset(h->dsn.password, 0, sizeof h->dsn.password);
+    explicit_bzero(h->dsn.password, sizeof h->dsn.password);
     free(h);
 }

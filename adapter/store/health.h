@@ -15,7 +15,8 @@
  * Staleness counts as failure: when no probe has completed for stale_ms (interval + timeout +
  * 0.5 s), the state reads "not ok" whatever the last probe said, even if the thread is stuck
  * inside the client library beyond its timeouts. So readiness turns false within about
- * interval + timeout + 0.5 s (3.5 s by default) of the database freezing, whatever happens.
+ * interval + timeout + 0.5 s (3.5 s by default) of the database freezing, whatever happens
+ * (a host name whose lookup hangs, which no client timeout bounds, included).
  *
  * Transitions: the state is read, not pushed. The loop can poll db_health_read from a timer
  * (every 250-500 ms) and log when `ok` changes; `failures` tells it a probe failed between two
