@@ -83,18 +83,20 @@ static void apply_tls(MYSQL *db, const db_tls *tls, db_tls_mode mode, const char
 
 /* mysql_init, options, TLS, mysql_real_connect. Returns the connection, or NULL with db's error
  * copied into *failure (number and text; number 0 when mysql_init failed). */
-static MYSQL *open_connection(const db_dsn *dsn, db_tls_mode mode, const char *ca,
-                              db_error *failure)
+static MYSQL *open_connection(const db_dsn *dsn, const db_connect_timeouts *timeouts,
+                              db_tls_mode mode, const char *ca, db_error *failure)
 {
     MYSQL *db = mysql_init(NULL);
     if (!db) {
         *failure = (db_error){.number = 0, .message = "mysql_init: out of memory"};
         return NULL;
     }
-    unsigned int connect_timeout = 5, io_timeout = 30;
+    unsigned int connect_timeout = timeouts && timeouts->connect_s ? timeouts->connect_s : 5;
+    unsigned int read_timeout = timeouts && timeouts->read_s ? timeouts->read_s : 30;
+    unsigned int write_timeout = timeouts && timeouts->write_s ? timeouts->write_s : 30;
     mysql_options(db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
-    mysql_options(db, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
-    mysql_options(db, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
+    mysql_options(db, MYSQL_OPT_READ_TIMEOUT, &read_timeout);
+    mysql_options(db, MYSQL_OPT_WRITE_TIMEOUT, &write_timeout);
     mysql_options(db, MYSQL_SET_CHARSET_NAME, "utf8mb4");
     apply_tls(db, &dsn->tls, mode, ca);
     const char *host = dsn->socket[0] ? "localhost" : dsn->host;
@@ -185,6 +187,12 @@ static void describe_tls_failure(const db_dsn *dsn, const char *ca, const char *
 
 MYSQL *db_connect(const db_dsn *dsn, unsigned *error_number, char *err, size_t err_len)
 {
+    return db_connect_timed(dsn, NULL, error_number, err, err_len);
+}
+
+MYSQL *db_connect_timed(const db_dsn *dsn, const db_connect_timeouts *timeouts,
+                        unsigned *error_number, char *err, size_t err_len)
+{
     char where[600];
     db_error failure;
     unsigned dummy;
@@ -208,7 +216,7 @@ MYSQL *db_connect(const db_dsn *dsn, unsigned *error_number, char *err, size_t e
             return NULL;
         }
     }
-    MYSQL *db = open_connection(dsn, tls->mode, ca, &failure);
+    MYSQL *db = open_connection(dsn, timeouts, tls->mode, ca, &failure);
     if (!db) {
         *error_number = failure.number;
         if (failure.number == CR_SSL_CONNECTION_ERROR && tls_setup_failure(failure.message)) {
@@ -222,7 +230,7 @@ MYSQL *db_connect(const db_dsn *dsn, unsigned *error_number, char *err, size_t e
             /* MariaDB's answer to a plaintext login under require_secure_transport is a plain
              * "access denied": see whether the same login works over TLS. */
             db_error again;
-            MYSQL *probe = open_connection(dsn, DB_TLS_PREFERRED, NULL, &again);
+            MYSQL *probe = open_connection(dsn, timeouts, DB_TLS_PREFERRED, NULL, &again);
             insecure_refused = probe && mysql_get_ssl_cipher(probe);
             if (probe)
                 mysql_close(probe);

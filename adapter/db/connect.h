@@ -2,7 +2,8 @@
  * connect — opens a MySQL connection with idemq's session settings, the same for every part of
  * idemq that talks to the database (the DB workers, the retention job, check, migrate and run's
  * start-up check), from a db_dsn made by db_dsn_from_config:
- *   connect timeout 5 s, read and write timeouts 30 s, character set utf8mb4;
+ *   connect timeout 5 s, read and write timeouts 30 s (db_connect_timed sets others), character
+ *     set utf8mb4;
  *   CLIENT_FOUND_ROWS, so an UPDATE reports the rows it matched, not the rows it changed (the
  *     state machine and expect_rows rely on it);
  *   autocommit off: every statement runs in a transaction that idemq commits or rolls back;
@@ -56,6 +57,20 @@ void db_library_init(void);
  * none, e.g. out of memory). Never shows the password.
  */
 MYSQL *db_connect(const db_dsn *dsn, unsigned *error_number, char *err, size_t err_len);
+
+/* Per-connection client timeouts in whole seconds (the client library's unit); 0 keeps
+ * db_connect's value (connect 5 s, read and write 30 s). Read and write bound each wait for the
+ * socket, not a whole statement. */
+typedef struct db_connect_timeouts {
+    unsigned connect_s;
+    unsigned read_s;
+    unsigned write_s;
+} db_connect_timeouts;
+
+/* db_connect with other client timeouts (timeouts borrowed; NULL: db_connect's), e.g. the
+ * health probe's short ones (store/health.h). Everything else, errors included, as db_connect. */
+MYSQL *db_connect_timed(const db_dsn *dsn, const db_connect_timeouts *timeouts,
+                        unsigned *error_number, char *err, size_t err_len);
 
 /* "TLSv1.3, cipher TLS_AES_256_GCM_SHA384" (the server's Ssl_version, the client's cipher) or
  * "not encrypted", for `idemq check` and run's start-up log. Runs one SHOW STATUS on db (then a
