@@ -120,9 +120,12 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
     struct timeval open_timeout = {.tv_sec = 5};
     int status = amqp_socket_open_noblock(socket, info.host, info.port, &open_timeout);
     if (status != AMQP_STATUS_OK) {
-        if (!info.ssl || !broker_tls_explain(socket, opts->tls, info.host, info.port, err, err_len))
+        /* A certificate or name that does not match is the configuration's to fix: a refusal. */
+        if (info.ssl && broker_tls_explain(socket, opts->tls, info.host, info.port, err, err_len))
+            rc = BROKER_E_REFUSED;
+        else
             snprintf(err, err_len, "cannot connect to RabbitMQ at %s:%d: %s", info.host,
-                     info.port, amqp_error_string2(status));
+                     info.port, broker_describe_status(status));
         goto out;
     }
     struct timeval handshake_timeout = {.tv_sec = 10};
@@ -150,23 +153,16 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
                  : amqp_login_with_properties(conn, info.vhost, 0, 131072, heartbeat_s,
                                               &client_properties, AMQP_SASL_METHOD_PLAIN,
                                               info.user, password);
-    if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-        reply.library_error != AMQP_STATUS_SSL_ERROR &&
-        reply.library_error != AMQP_STATUS_BROKER_UNSUPPORTED_SASL_METHOD) {
-        /* No answer to judge: a broker that stopped answering mid-handshake, or closed the socket,
-         * has not refused anything. (A refusal is a connection.close, a server exception.) */
-        snprintf(err, err_len, "login to RabbitMQ at %s:%d failed: %s", info.host, info.port,
-                 broker_describe_status(reply.library_error));
-        goto out;
-    }
     if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
         /* TLS 1.3 finishes the client's side of the handshake before the broker has checked the
          * client certificate: its refusal arrives here, as an alert on the first read or as a
          * reset of the first write (broker_tls_explain then asks again). */
         if (info.ssl && reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-            reply.library_error == AMQP_STATUS_SSL_ERROR &&
-            broker_tls_explain(socket, opts->tls, info.host, info.port, err, err_len))
+            reply.library_error != AMQP_STATUS_TIMEOUT &&
+            broker_tls_explain(socket, opts->tls, info.host, info.port, err, err_len)) {
+            rc = BROKER_E_REFUSED;
             goto out;
+        }
         if (external && reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
             reply.library_error == AMQP_STATUS_BROKER_UNSUPPORTED_SASL_METHOD) {
             snprintf(err, err_len,
@@ -176,6 +172,13 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
                      "put a password in the URL",
                      info.host, info.port);
             rc = BROKER_E_REFUSED;
+            goto out;
+        }
+        if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION) {
+            /* No answer to judge: a broker that stopped answering mid-handshake, or closed the
+             * socket, has not refused anything. (A refusal is a connection.close.) */
+            snprintf(err, err_len, "login to RabbitMQ at %s:%d failed: %s", info.host, info.port,
+                     broker_describe_status(reply.library_error));
             goto out;
         }
         broker_describe_reply(reply, reason, sizeof reason);

@@ -50,7 +50,9 @@ typedef struct broker_open_options {
 /* Opens a connection and channel BROKER_CHANNEL. Returns 0 and sets *out (returned owned), or
  * BROKER_E_FAILED with a reason in err; BROKER_E_REFUSED only when the broker answered the login
  * with a refusal (credentials, vhost): a timeout or a closed socket during the handshake is
- * BROKER_E_FAILED and says so. An amqps:// URL connects with TLS (broker/tls.h): a certificate problem is one line
+ * BROKER_E_FAILED and says so. A TLS failure broker_tls_explain names (a certificate not trusted, a
+ * name that does not match, a client certificate refused) is BROKER_E_REFUSED too: the
+ * configuration has to change. An amqps:// URL connects with TLS (broker/tls.h): a certificate problem is one line
  * in err naming the file or name at fault. With a client certificate (tls->cert_file) and no
  * password in the URL, the login is EXTERNAL: the broker takes the user from the certificate. */
 int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, char *err,

@@ -39,11 +39,14 @@
 #include "run/delivery.h"
 #include "run/outage.h"
 #include "run/settle.h"
+#include "store/health.h"
 #include "store/retention.h"
 #include "store/store.h"
 #include "util/rng.h"
 
-#define HEALTH_PING_MS 5000
+/* How often the loop reads the database health monitor (store/health.h) into idemq_up{mysql}
+ * and the log; the monitor itself probes every second on its own thread. */
+#define HEALTH_POLL_MS 500
 #define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 /* Bodies above this are decoded off the loop: 900 KB of JSON takes milliseconds to parse. */
 #define DECODE_OFF_LOOP_BYTES (64 * 1024)
@@ -65,10 +68,11 @@ typedef struct runner {
     outage outage;    /* pause, hold, probe */
     uv_signal_t sigterm, sigint;
     uv_timer_t shutdown_timer, health_timer;
-    store_job health_job; /* periodic ping so idemq_up{mysql} is right when idle */
-    bool health_pending;
+    db_health *db_health; /* its own thread and connection: never behind busy workers */
+    bool db_healthy;      /* what the last poll of db_health said (for the transition log) */
     run_state state;
     int exit_code;         /* what run_consumers returns once the loop ends */
+    bool announced;        /* the consumers were logged (at the first connection) */
     size_t inflight_count; /* deliveries received and not yet retired */
     metrics *metrics;
     http_server *http; /* /metrics /healthz /readyz */
@@ -79,7 +83,7 @@ static void close_everything(runner *r);
 static void maybe_finish_shutdown(runner *r)
 {
     if (r->state == RUN_STOPPING && r->inflight_count == 0 &&
-        !outage_probe_pending(&r->outage) && !r->health_pending)
+        !outage_probe_pending(&r->outage))
         close_everything(r);
 }
 
@@ -177,29 +181,33 @@ static void on_message(void *ctx, broker_message *msg)
     continue_delivery(r, d);
 }
 
-static void on_health_done(store_job *job)
-{
-    runner *r = (runner *)((char *)job - offsetof(runner, health_job));
-    r->health_pending = false;
-    metrics_set_up(r->metrics, METRICS_DEP_MYSQL, job->status == APPLY_COMMITTED);
-    maybe_finish_shutdown(r);
-}
-
 static void on_health_timer(uv_timer_t *timer)
 {
     runner *r = timer->data;
-    if (r->state != RUN_ACTIVE || r->health_pending || outage_is_paused(&r->outage))
-        return; /* while paused the outage probe already pings */
-    memset(&r->health_job, 0, sizeof r->health_job);
-    r->health_job.kind = STORE_JOB_PING;
-    r->health_job.on_done = on_health_done;
-    if (store_submit(r->store, &r->health_job) == 0)
-        r->health_pending = true;
+    char reason[1024];
+    bool ok = db_health_ok(r->db_health, reason, sizeof reason);
+    metrics_set_up(r->metrics, METRICS_DEP_MYSQL, ok);
+    if (ok != r->db_healthy) {
+        if (ok)
+            log_info(LOG_NO_CONTEXT, "database health probe passes again");
+        else
+            log_warn(LOG_NO_CONTEXT, "database health probe fails: %s", reason);
+    }
+    r->db_healthy = ok;
 }
 
 static void on_broker_up(void *ctx)
 {
     runner *r = ctx;
+    if (!r->announced) { /* once, when the first connection works */
+        r->announced = true;
+        for (size_t i = 0; i < r->cfg->consumer_count; i++) {
+            log_context log_ctx = {.queue = r->cfg->consumers[i].queue, .retries = -1};
+            log_info(&log_ctx, "consuming with handler %s (%zu DB workers, prefetch %u)",
+                     r->cfg->consumers[i].handler_name, (size_t)r->cfg->workers,
+                     r->cfg->prefetch);
+        }
+    }
     metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, true);
     log_info(LOG_NO_CONTEXT, "RabbitMQ connection ready%s",
              outage_is_paused(&r->outage) ? " (paused)" : "");
@@ -262,6 +270,8 @@ static void close_everything(runner *r)
     /* Store first: its last results may still ack through the broker session. */
     store_pool_free(r->store);
     r->store = NULL;
+    db_health_free(r->db_health);
+    r->db_health = NULL;
     broker_session_free(r->broker);
     r->broker = NULL;
     outage_close(&r->outage);
@@ -346,8 +356,12 @@ static bool is_ready(void *ctx, char *reason, size_t reason_len)
     else if (outage_is_paused(&r->outage)) {
         outage_describe(&r->outage, reason, reason_len);
         return false;
-    } else if (!metrics_get_up(r->metrics, METRICS_DEP_MYSQL))
-        why = "database unavailable";
+    } else if (!db_health_ok(r->db_health, reason, reason_len)) {
+        char detail[1024];
+        snprintf(detail, sizeof detail, "%s", reason);
+        snprintf(reason, reason_len, "database unavailable: %s", detail);
+        return false;
+    }
     else if (!broker_is_consuming(r->broker))
         why = "not consuming";
     if (why)
@@ -398,6 +412,15 @@ static int run_consumers(const config *cfg)
         log_error(LOG_NO_CONTEXT, "cannot start DB workers: %s", err);
         goto out;
     }
+    db_dsn dsn;
+    int health_rc = db_dsn_from_config(cfg, &dsn, err, sizeof err);
+    if (health_rc == 0)
+        health_rc = db_health_start(&dsn, NULL, &r->db_health, err, sizeof err);
+    explicit_bzero(dsn.password, sizeof dsn.password);
+    if (health_rc != 0) {
+        log_error(LOG_NO_CONTEXT, "cannot start the database health monitor: %s", err);
+        goto out;
+    }
     r->broker = broker_session_new(loop, cfg, &r->callbacks);
     if (!r->broker) {
         log_error(LOG_NO_CONTEXT, "out of memory");
@@ -439,12 +462,8 @@ static int run_consumers(const config *cfg)
         uv_run(loop, UV_RUN_DEFAULT);
         goto out_freed;
     }
-    uv_timer_start(&r->health_timer, on_health_timer, 0, HEALTH_PING_MS);
-    for (size_t i = 0; i < cfg->consumer_count; i++) {
-        log_context ctx = {.queue = cfg->consumers[i].queue, .retries = -1};
-        log_info(&ctx, "consuming with handler %s (%zu DB workers, prefetch %u)",
-                 cfg->consumers[i].handler_name, (size_t)cfg->workers, cfg->prefetch);
-    }
+    r->db_healthy = true; /* the first failing poll logs */
+    uv_timer_start(&r->health_timer, on_health_timer, HEALTH_POLL_MS, HEALTH_POLL_MS);
     uv_run(loop, UV_RUN_DEFAULT);
     exit_code = r->exit_code;
 out_freed:
@@ -453,6 +472,7 @@ out_freed:
     free(r);
     return exit_code;
 out:
+    db_health_free(r->db_health);
     store_pool_free(r->store);
     uv_run(loop, UV_RUN_DEFAULT);
     uv_loop_close(loop);

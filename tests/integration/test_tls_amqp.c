@@ -285,7 +285,7 @@ Test(tls_amqp, without_the_ca_every_command_fails_with_one_clear_line)
     F.daemon = pid;
     int status = harness_stop(pid, 0, 30000); /* signal 0: only wait for its exit */
     F.daemon = 0;
-    cr_expect_eq(status, 1, "idemq run exited %d", status);
+    cr_expect_eq(status, 2, "idemq run exited %d (a TLS configuration problem: exit 2)", status);
     cr_expect_eq(harness_log_count(&F.h, expected), 1, "run did not log the line (see %s)",
                  F.h.log_path);
     cr_expect_eq(harness_log_count(&F.h, READY_LINE), 0);
