@@ -127,6 +127,7 @@ struct broker_session {
     _Atomic uint64_t generation;    /* the connection deliveries now belong to */
     _Atomic uint64_t frame_max;     /* negotiated on the current connection */
     _Atomic int64_t last_rx_ms;     /* monotonic time a frame last arrived */
+    _Atomic int64_t sending_since_ms; /* a publish is being written since then; 0: none */
 
     /* loop */
     uv_async_t events_async;
@@ -421,7 +422,6 @@ static void set_blocked(broker_session *s, bool blocked, const char *reason)
     s->thread_blocked = blocked;
     if (blocked) {
         event_post(s, EV_BLOCKED, NULL, NULL, NULL, false, 0, reason);
-        apply_consuming(s);
         return;
     }
     event_post(s, EV_UNBLOCKED, NULL, NULL, NULL, false, 0, NULL);
@@ -439,7 +439,6 @@ static void set_blocked(broker_session *s, bool blocked, const char *reason)
         if (!s->conn)
             fail_held_publishes(s);
     }
-    apply_consuming(s);
 }
 
 /* Returns 0 to go on draining, -1 when the connection was dropped. */
@@ -558,12 +557,13 @@ static void consumer_tag(const broker_session *s, size_t index, char *buf, size_
     snprintf(buf, len, CONSUMER_TAG_PREFIX "%zu.%llu", index, (unsigned long long)s->subscription);
 }
 
-/* Brings the broker in line with want_consuming and the blocked state: no new deliveries while a
- * resource alarm blocks the connection. */
+/* Brings the broker in line with want_consuming. (Not with the blocked state: a blocked connection
+ * is not read by the broker, so a basic.cancel would only wait for its RPC timeout; the prefetch
+ * window stops new deliveries by itself, since the broker reads none of our acks meanwhile.) */
 static void apply_consuming(broker_session *s)
 {
     char reason[512], err[1024];
-    bool want = s->want_consuming && !s->thread_blocked;
+    bool want = s->want_consuming;
     if (want == s->thread_consuming || !s->conn)
         return;
     if (want)
@@ -642,8 +642,12 @@ static void send_publish(broker_session *s, command *c)
         return;
     }
     set_publish_seq(&c->props, seq);
+    /* The write blocks while the broker does not read (a resource alarm, a hung broker): the loop
+     * reads this to say so. */
+    atomic_store(&s->sending_since_ms, monotonic_ms());
     int rc = amqp_basic_publish(s->conn, BROKER_CHANNEL, amqp_cstring_bytes(c->exchange),
                                 amqp_cstring_bytes(c->routing_key), 1, 0, &c->props, c->body);
+    atomic_store(&s->sending_since_ms, 0);
     if (rc != AMQP_STATUS_OK) {
         /* The frames may be half sent: the connection cannot go on. Its confirm fails with the
          * others. */
@@ -1197,8 +1201,15 @@ bool broker_describe_unready(const broker_session *s, char *buf, size_t len)
                  "deliveries until it clears", s->blocked_reason);
         return true;
     }
-    /* broker_session is borrowed const, the atomic is only read. */
-    int64_t quiet = monotonic_ms() - atomic_load(&((broker_session *)s)->last_rx_ms);
+    /* broker_session is borrowed const, the atomics are only read. */
+    broker_session *rs = (broker_session *)s;
+    int64_t now = monotonic_ms(), sending_since = atomic_load(&rs->sending_since_ms);
+    if (sending_since && now - sending_since > 1000) {
+        snprintf(buf, len, "RabbitMQ has not read a publish for %lld s (a resource alarm blocks "
+                 "the connection, or the broker hangs)", (long long)((now - sending_since) / 1000));
+        return true;
+    }
+    int64_t quiet = now - atomic_load(&rs->last_rx_ms);
     if (quiet > SILENT_AFTER_MS) {
         snprintf(buf, len, "RabbitMQ has not answered for %lld s (liveness probe unanswered)",
                  (long long)(quiet / 1000));
