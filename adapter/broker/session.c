@@ -497,7 +497,8 @@ int broker_publish_copy(broker_session *s, const broker_message *msg, const char
     amqp_basic_properties_t props;
     init_amqp_pool(&pool, 1024);
     headers->publish_seq = seq;
-    int rc = message_copy_properties(msg, headers, &pool, &props);
+    int rc = message_copy_properties(msg, headers, (size_t)amqp_get_frame_max(s->conn), &pool,
+                                     &props);
     if (rc == 0) {
         amqp_bytes_t body = {.len = msg->body_len, .bytes = msg->body};
         rc = amqp_basic_publish(s->conn, BROKER_CHANNEL, amqp_cstring_bytes(exchange),

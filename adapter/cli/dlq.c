@@ -254,7 +254,8 @@ static int publish_copy(pass *p, visit *v, amqp_pool_t *pool)
 {
     amqp_basic_properties_t props;
     int rc = v->action == VISIT_REPLAY
-                 ? message_strip_properties(&v->message.properties, pool, &props)
+                 ? message_strip_properties(&v->message.properties,
+                                            (size_t)amqp_get_frame_max(p->conn), pool, &props)
                  : keep_properties(&v->message.properties, pool, &props);
     if (rc != 0) {
         snprintf(v->reason, sizeof v->reason, "out of memory");
