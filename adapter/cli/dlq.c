@@ -146,7 +146,7 @@ static int64_t age_seconds(const dead_letter *d)
     return d->first_failed_at_ms ? (wallclock_ms() - d->first_failed_at_ms) / 1000 : 0;
 }
 
-/* The copies field is set when the pass is over (entry_finish). */
+/* The copies field is added when the pass is over (print_result). */
 static json_t *dead_letter_json(const dead_letter *d)
 {
     char when[40];

@@ -249,8 +249,8 @@ static void expect_canary(const char *order)
     int64_t start = harness_now_ms();
     harness_publish_event(&F.h, order, "PAY_SUCCESS", 7);
     char sql[256];
-    snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM orders WHERE order_id = '%s' AND status = 'PAID'",
-             order);
+    snprintf(sql, sizeof sql,
+             "SELECT COUNT(*) FROM orders WHERE order_id = '%s' AND status = 'PAID'", order);
     bool applied = harness_wait_scalar(&F.h, 1, CANARY_MS, sql);
     int64_t took = harness_now_ms() - start;
     fprintf(stderr, "[measure] canary %s processed after %" PRId64 " ms\n", order, took);
@@ -381,8 +381,8 @@ Test(frame_max, broker_additions_fit_the_headroom, .fini = teardown, .timeout = 
     broker_message_free(msg);
 }
 
-static const char keyless_body[] =
-    "{\"order_id\":\"nokey\",\"event_type\":\"PAY_SUCCESS\",\"note\":\"no biz_key: non-retryable\"}";
+static const char keyless_body[] = "{\"order_id\":\"nokey\",\"event_type\":\"PAY_SUCCESS\","
+                                   "\"note\":\"no biz_key: non-retryable\"}";
 
 Test(frame_max, dlq_bound_messages_near_frame_max_reach_the_dlq_and_the_queue_flows,
      .fini = teardown, .timeout = 120)
@@ -508,8 +508,9 @@ Test(frame_max, dlq_reads_and_replays_a_dead_letter_that_the_broker_pushed_over_
                  AMQP_STATUS_OK);
     static near_frame nf;
     near_frame_max(&nf, fm, 0, 1000);
-    static const char body[] = "{\"biz_key\":\"order_id:legacy:PAY_SUCCESS\",\"order_id\":\"legacy\","
-                               "\"event_type\":\"PAY_SUCCESS\",\"amount\":1}";
+    static const char body[] = "{\"biz_key\":\"order_id:legacy:PAY_SUCCESS\","
+                               "\"order_id\":\"legacy\",\"event_type\":\"PAY_SUCCESS\","
+                               "\"amount\":1}";
     char dlq[200];
     dlq_name(dlq, sizeof dlq);
     harness_publish_props(h, NULL, dlq, &nf.props, body, strlen(body));
@@ -616,10 +617,9 @@ static void listing_keys(json_t *doc, char *buf, size_t len)
         json_t *e = json_array_get(messages, i);
         json_int_t copies = json_integer_value(json_object_get(e, "copies"));
         const char *key = jstr(e, "biz_key");
-        key = strncmp(key, "order_id:", 9) == 0 ? key + 9 : key;
-        used += (size_t)snprintf(buf + used, len - used, "%s%.*s", i ? " " : "",
-                                 (int)(strchr(key, ':') ? strchr(key, ':') - key : (long)strlen(key)),
-                                 key);
+        key = strncmp(key, "order_id:", 9) == 0 ? key + 9 : key; /* "order_id:a:PAY" -> "a" */
+        int key_len = (int)strcspn(key, ":");
+        used += (size_t)snprintf(buf + used, len - used, "%s%.*s", i ? " " : "", key_len, key);
         if (copies != 1 && used < len)
             used += (size_t)snprintf(buf + used, len - used, "*%lld", (long long)copies);
     }

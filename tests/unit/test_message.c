@@ -408,7 +408,8 @@ Test(message_copy, producer_headers_go_largest_first_and_only_as_many_as_needed)
     cr_expect_leq(message_header_frame_size(&out), message_frame_limit(32768));
     /* The kept ones in their order, then idemq's, then the record. */
     cr_assert_geq(out.headers.num_entries, 4);
-    cr_expect(out.headers.entries[0].key.len == 1 && !memcmp(out.headers.entries[0].key.bytes, "c", 1));
+    cr_expect(out.headers.entries[0].key.len == 1 &&
+              !memcmp(out.headers.entries[0].key.bytes, "c", 1));
     cr_expect(out.headers.entries[1].key.len == 4 &&
               !memcmp(out.headers.entries[1].key.bytes, "tiny", 4));
     cr_expect(out.headers.entries[2].key.len == 2 &&
