@@ -6,6 +6,7 @@
 #include "broker/connection.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -179,6 +180,7 @@ void message_trace_read(const amqp_basic_properties_t *props, message_trace *out
         copy_trace_id(out->traceparent, traceparent);
 }
 
+/* Headers a copy or a replay does not take over from the message it is made from. */
 static bool header_is_replaced(amqp_bytes_t key)
 {
     static const char *const prefixes[] = {"x-death", "x-first-death-", "x-last-death-",
@@ -190,6 +192,300 @@ static bool header_is_replaced(amqp_bytes_t key)
     }
     return false;
 }
+
+/* ------------------------------------------------------------------------- encoded sizes
+ * The arithmetic of rabbitmq-c's amqp_encode_properties / amqp_encode_table (0.11), so that a
+ * copy can be measured without a scratch buffer of unknown size and each header's share is known;
+ * tests/unit/test_message.c compares it with rabbitmq-c's own encoder. */
+
+#define SIZE_UNENCODABLE SIZE_MAX
+/* Frame header (type 1, channel 2, size 4) + class 2 + weight 2 + body size 8 + frame end 1. */
+#define HEADER_FRAME_OVERHEAD 20
+/* Header key (short string), field kind, long-string length: what a string header costs
+ * beyond its key and value bytes. */
+#define STRING_HEADER_OVERHEAD(key_len) (1 + (key_len) + 1 + 4)
+
+static size_t add_size(size_t a, size_t b)
+{
+    return a > SIZE_MAX - b ? SIZE_UNENCODABLE : a + b;
+}
+
+static size_t table_size(const amqp_table_t *t);
+
+static size_t field_size(const amqp_field_value_t *v)
+{
+    size_t payload;
+    switch (v->kind) {
+    case AMQP_FIELD_KIND_BOOLEAN:
+    case AMQP_FIELD_KIND_I8:
+    case AMQP_FIELD_KIND_U8: payload = 1; break;
+    case AMQP_FIELD_KIND_I16:
+    case AMQP_FIELD_KIND_U16: payload = 2; break;
+    case AMQP_FIELD_KIND_I32:
+    case AMQP_FIELD_KIND_U32:
+    case AMQP_FIELD_KIND_F32: payload = 4; break;
+    case AMQP_FIELD_KIND_I64:
+    case AMQP_FIELD_KIND_U64:
+    case AMQP_FIELD_KIND_F64:
+    case AMQP_FIELD_KIND_TIMESTAMP: payload = 8; break;
+    case AMQP_FIELD_KIND_DECIMAL: payload = 5; break;
+    case AMQP_FIELD_KIND_VOID: payload = 0; break;
+    case AMQP_FIELD_KIND_UTF8:
+    case AMQP_FIELD_KIND_BYTES:
+        if (v->value.bytes.len > UINT32_MAX)
+            return SIZE_UNENCODABLE;
+        payload = add_size(4, v->value.bytes.len);
+        break;
+    case AMQP_FIELD_KIND_ARRAY:
+        payload = 4;
+        for (int i = 0; i < v->value.array.num_entries; i++)
+            payload = add_size(payload, field_size(&v->value.array.entries[i]));
+        break;
+    case AMQP_FIELD_KIND_TABLE: payload = table_size(&v->value.table); break;
+    default: return SIZE_UNENCODABLE;
+    }
+    return add_size(1, payload);
+}
+
+static size_t entry_size(const amqp_table_entry_t *e)
+{
+    if (e->key.len > UINT8_MAX) /* rabbitmq-c would write a wrong length: never send it */
+        return SIZE_UNENCODABLE;
+    return add_size(1 + e->key.len, field_size(&e->value));
+}
+
+static size_t table_size(const amqp_table_t *t)
+{
+    size_t size = 4;
+    for (int i = 0; i < t->num_entries; i++)
+        size = add_size(size, entry_size(&t->entries[i]));
+    return size > (size_t)UINT32_MAX + 4 ? SIZE_UNENCODABLE : size;
+}
+
+/* The frame without its headers table (as if the headers flag were clear). */
+static size_t frame_size_without_headers(const amqp_basic_properties_t *p)
+{
+    static const struct {
+        amqp_flags_t flag;
+        size_t offset;
+    } short_strings[] = {
+        {AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type)},
+        {AMQP_BASIC_CONTENT_ENCODING_FLAG, offsetof(amqp_basic_properties_t, content_encoding)},
+        {AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id)},
+        {AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to)},
+        {AMQP_BASIC_EXPIRATION_FLAG, offsetof(amqp_basic_properties_t, expiration)},
+        {AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id)},
+        {AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type)},
+        {AMQP_BASIC_USER_ID_FLAG, offsetof(amqp_basic_properties_t, user_id)},
+        {AMQP_BASIC_APP_ID_FLAG, offsetof(amqp_basic_properties_t, app_id)},
+        {AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id)},
+    };
+    size_t size = HEADER_FRAME_OVERHEAD;
+    /* Property flags: 16-bit words of 15 flags each, the lowest bit saying another follows. */
+    amqp_flags_t flags = p->_flags;
+    do {
+        size += 2;
+        flags >>= 16;
+    } while (flags != 0);
+    for (size_t i = 0; i < sizeof short_strings / sizeof short_strings[0]; i++) {
+        if (!(p->_flags & short_strings[i].flag))
+            continue;
+        const amqp_bytes_t *b = (const amqp_bytes_t *)((const char *)p + short_strings[i].offset);
+        if (b->len > UINT8_MAX)
+            return SIZE_UNENCODABLE;
+        size += 1 + b->len;
+    }
+    if (p->_flags & AMQP_BASIC_DELIVERY_MODE_FLAG)
+        size += 1;
+    if (p->_flags & AMQP_BASIC_PRIORITY_FLAG)
+        size += 1;
+    if (p->_flags & AMQP_BASIC_TIMESTAMP_FLAG)
+        size += 8;
+    return size;
+}
+
+size_t message_header_frame_size(const amqp_basic_properties_t *props)
+{
+    size_t size = frame_size_without_headers(props);
+    if (props->_flags & AMQP_BASIC_HEADERS_FLAG)
+        size = add_size(size, table_size(&props->headers));
+    return size;
+}
+
+size_t message_frame_limit(size_t frame_max)
+{
+    size_t headroom = MESSAGE_BROKER_HEADROOM < frame_max / 2 ? MESSAGE_BROKER_HEADROOM
+                                                              : frame_max - frame_max / 2;
+    return frame_max - headroom;
+}
+
+/* ----------------------------------------------------------------------- fitting a frame */
+
+/* The idemq-dropped-headers text being built: the previous record, then the newly dropped
+ * names while they fit MESSAGE_DROPPED_HEADERS_MAX, then how many more did not. */
+typedef struct dropped_record {
+    char text[MESSAGE_DROPPED_HEADERS_MAX + 1];
+    size_t len;
+    size_t more; /* dropped, but not named for lack of room */
+} dropped_record;
+
+/* Room kept at the end of the record for " and 18446744073709551615 more". */
+#define DROPPED_MORE_RESERVE 32
+
+static size_t dropped_record_len(const dropped_record *r)
+{
+    if (!r->more)
+        return r->len;
+    char suffix[DROPPED_MORE_RESERVE];
+    return r->len + (size_t)snprintf(suffix, sizeof suffix, " and %zu more", r->more);
+}
+
+static void dropped_record_init(dropped_record *r, amqp_bytes_t previous)
+{
+    r->more = 0;
+    r->len = previous.len < MESSAGE_DROPPED_HEADERS_MAX - DROPPED_MORE_RESERVE
+                 ? previous.len
+                 : MESSAGE_DROPPED_HEADERS_MAX - DROPPED_MORE_RESERVE;
+    if (r->len)
+        memcpy(r->text, previous.bytes, r->len);
+    r->text[r->len] = '\0';
+}
+
+/* Appends "name (N bytes)"; the name's unprintable bytes as '?', so the record stays text. */
+static void dropped_record_add(dropped_record *r, amqp_bytes_t key, size_t size)
+{
+    char item[UINT8_MAX + 64];
+    size_t n = 0;
+    if (r->len) {
+        item[n++] = ',';
+        item[n++] = ' ';
+    }
+    for (size_t i = 0; i < key.len && i < UINT8_MAX; i++) {
+        unsigned char c = ((const unsigned char *)key.bytes)[i];
+        item[n++] = c >= 0x20 && c < 0x7f ? (char)c : '?';
+    }
+    if (size == SIZE_UNENCODABLE)
+        n += (size_t)snprintf(item + n, sizeof item - n, " (unencodable)");
+    else
+        n += (size_t)snprintf(item + n, sizeof item - n, " (%zu bytes)", size);
+    if (r->more || r->len + n > MESSAGE_DROPPED_HEADERS_MAX - DROPPED_MORE_RESERVE) {
+        r->more++;
+        return;
+    }
+    memcpy(r->text + r->len, item, n);
+    r->len += n;
+    r->text[r->len] = '\0';
+}
+
+typedef struct ranked {
+    int index;
+    size_t size;
+} ranked;
+
+static int by_size_descending(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->size != y->size)
+        return x->size < y->size ? 1 : -1;
+    return (x->index > y->index) - (x->index < y->index); /* the same order every time */
+}
+
+/*
+ * out->headers.entries holds `producer` producer headers, then `own` of idemq's, with room for
+ * one more. Leaves out producer headers, largest first, until the frame fits limit; writes the
+ * record of what was left out (previous, extended) as the last header when there is one.
+ */
+static int fit_frame(amqp_basic_properties_t *out, int producer, int own, amqp_bytes_t previous,
+                     size_t limit, amqp_pool_t *pool)
+{
+    amqp_table_entry_t *entries = out->headers.entries;
+    size_t record_key_len = strlen(HEADER_DROPPED_HEADERS);
+    size_t fixed = add_size(frame_size_without_headers(out), 4);
+    for (int i = producer; i < producer + own; i++)
+        fixed = add_size(fixed, entry_size(&entries[i]));
+    size_t producer_total = 0;
+    for (int i = 0; i < producer; i++)
+        producer_total = add_size(producer_total, entry_size(&entries[i]));
+    size_t previous_cost = previous.len ? STRING_HEADER_OVERHEAD(record_key_len) + previous.len : 0;
+
+    bool *dropped = NULL;
+    dropped_record *record = NULL;
+    ranked *ranks = NULL;
+    int rc = 0;
+    if (add_size(add_size(fixed, producer_total), previous_cost) > limit) {
+        dropped = calloc((size_t)producer + 1, sizeof *dropped);
+        record = malloc(sizeof *record);
+        ranks = malloc(sizeof *ranks * ((size_t)producer + 1));
+        if (!dropped || !record || !ranks) {
+            rc = BROKER_E_FAILED;
+            goto out;
+        }
+        for (int i = 0; i < producer; i++)
+            ranks[i] = (ranked){.index = i, .size = entry_size(&entries[i])};
+        qsort(ranks, (size_t)producer, sizeof *ranks, by_size_descending);
+        dropped_record_init(record, previous);
+        bool fits = false;
+        for (int r = 0; r < producer && !fits; r++) {
+            dropped[ranks[r].index] = true;
+            dropped_record_add(record, entries[ranks[r].index].key, ranks[r].size);
+            if (producer_total != SIZE_UNENCODABLE) {
+                producer_total -= ranks[r].size;
+            } else if (r + 1 == producer || ranks[r + 1].size != SIZE_UNENCODABLE) {
+                /* The unencodable ones (sorted first) saturated the sum; now they are gone. */
+                producer_total = 0;
+                for (int i = 0; i < producer; i++)
+                    if (!dropped[i])
+                        producer_total = add_size(producer_total, entry_size(&entries[i]));
+            }
+            size_t total = add_size(add_size(fixed, producer_total),
+                                    STRING_HEADER_OVERHEAD(record_key_len) +
+                                        dropped_record_len(record));
+            fits = total <= limit;
+        }
+        if (!fits) {
+            rc = MESSAGE_E_TOO_LARGE;
+            goto out;
+        }
+    }
+
+    /* Keep the kept producer headers in their order, then idemq's, then the record. */
+    int n = 0;
+    for (int i = 0; i < producer; i++)
+        if (!dropped || !dropped[i])
+            entries[n++] = entries[i];
+    memmove(&entries[n], &entries[producer], sizeof *entries * (size_t)own);
+    n += own;
+    if (dropped) {
+        size_t len = dropped_record_len(record);
+        char *text = amqp_pool_alloc(pool, len + 1);
+        if (!text) {
+            rc = BROKER_E_FAILED;
+            goto out;
+        }
+        memcpy(text, record->text, record->len);
+        if (record->more)
+            snprintf(text + record->len, len + 1 - record->len, " and %zu more", record->more);
+        entries[n].key = amqp_cstring_bytes(HEADER_DROPPED_HEADERS);
+        entries[n].value.kind = AMQP_FIELD_KIND_UTF8;
+        entries[n].value.value.bytes = (amqp_bytes_t){.len = len, .bytes = text};
+        n++;
+    } else if (previous.len) {
+        entries[n].key = amqp_cstring_bytes(HEADER_DROPPED_HEADERS);
+        entries[n].value.kind = AMQP_FIELD_KIND_UTF8;
+        entries[n].value.value.bytes = previous;
+        n++;
+    }
+    out->headers.num_entries = n;
+    if (message_header_frame_size(out) > limit)
+        rc = MESSAGE_E_TOO_LARGE; /* cannot happen: the sums above are the same arithmetic */
+out:
+    free(dropped);
+    free(record);
+    free(ranks);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------- copies */
 
 /* Length of at most max bytes of text that does not split a UTF-8 sequence. */
 static size_t utf8_prefix_len(const char *text, size_t max)
@@ -217,21 +513,31 @@ static void set_int(amqp_table_entry_t *e, const char *key, int64_t value)
     e->value.value.i64 = value;
 }
 
-int message_copy_properties(const broker_message *msg, const copy_headers *h, amqp_pool_t *pool,
-                            amqp_basic_properties_t *out)
+/* The idemq-dropped-headers record of props; empty when it has none. */
+static amqp_bytes_t previous_record(const amqp_basic_properties_t *props)
 {
-    enum { ADDED_HEADERS = 9 };
+    amqp_bytes_t record;
+    if (!message_header_bytes(props, HEADER_DROPPED_HEADERS, &record))
+        return amqp_empty_bytes;
+    return record;
+}
+
+int message_copy_properties(const broker_message *msg, const copy_headers *h, size_t frame_max,
+                            amqp_pool_t *pool, amqp_basic_properties_t *out)
+{
+    enum { OWN_HEADERS_MAX = 10, RECORD = 1 };
     *out = msg->properties;
     const amqp_table_t *orig = &msg->properties.headers;
     int orig_count = (msg->properties._flags & AMQP_BASIC_HEADERS_FLAG) ? orig->num_entries : 0;
     amqp_table_entry_t *entries =
-        amqp_pool_alloc(pool, sizeof *entries * (size_t)(orig_count + ADDED_HEADERS));
+        amqp_pool_alloc(pool, sizeof *entries * (size_t)(orig_count + OWN_HEADERS_MAX + RECORD));
     if (!entries)
         return BROKER_E_FAILED;
     int n = 0;
     for (int i = 0; i < orig_count; i++)
         if (!header_is_replaced(orig->entries[i].key))
             entries[n++] = orig->entries[i];
+    int producer = n;
     set_int(&entries[n++], HEADER_RETRIES, h->retries);
     set_string(&entries[n++], HEADER_ERROR_CLASS, h->error_class, strlen(h->error_class));
     set_string(&entries[n++], HEADER_ERROR, h->error, utf8_prefix_len(h->error, HEADER_ERROR_MAX));
@@ -239,6 +545,9 @@ int message_copy_properties(const broker_message *msg, const copy_headers *h, am
     set_string(&entries[n++], HEADER_QUEUE, h->queue, strlen(h->queue));
     set_int(&entries[n++], HEADER_FIRST_FAILED_AT, h->first_failed_at_ms);
     set_int(&entries[n++], HEADER_PUBLISH_SEQ, (int64_t)h->publish_seq);
+    if (h->failure_id)
+        set_string(&entries[n++], HEADER_FAILURE_ID, h->failure_id,
+                   utf8_prefix_len(h->failure_id, MESSAGE_FAILURE_ID_MAX));
     if (h->body_truncated_from)
         set_int(&entries[n++], HEADER_BODY_TRUNCATED,
                 h->body_truncated_from > INT64_MAX ? INT64_MAX : (int64_t)h->body_truncated_from);
@@ -262,17 +571,19 @@ int message_copy_properties(const broker_message *msg, const copy_headers *h, am
         out->expiration = amqp_empty_bytes;
         out->_flags &= ~AMQP_BASIC_EXPIRATION_FLAG;
     }
-    return 0;
+    return fit_frame(out, producer, n - producer, previous_record(&msg->properties),
+                     message_frame_limit(frame_max), pool);
 }
 
-int message_strip_properties(const amqp_basic_properties_t *props, amqp_pool_t *pool,
-                             amqp_basic_properties_t *out)
+int message_strip_properties(const amqp_basic_properties_t *props, size_t frame_max,
+                             amqp_pool_t *pool, amqp_basic_properties_t *out)
 {
     *out = *props;
     /* A replay is published by idemq's login; see message_copy_properties. */
     out->_flags &= ~AMQP_BASIC_USER_ID_FLAG;
+    size_t limit = message_frame_limit(frame_max);
     if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG))
-        return 0;
+        return message_header_frame_size(out) <= limit ? 0 : MESSAGE_E_TOO_LARGE;
     int count = props->headers.num_entries;
     amqp_table_entry_t *entries = amqp_pool_alloc(pool, sizeof *entries * (size_t)(count + 1));
     if (!entries)
@@ -283,5 +594,67 @@ int message_strip_properties(const amqp_basic_properties_t *props, amqp_pool_t *
             entries[n++] = props->headers.entries[i];
     out->headers.entries = entries;
     out->headers.num_entries = n;
-    return 0;
+    return fit_frame(out, n, 0, previous_record(props), limit, pool);
+}
+
+/* ------------------------------------------------------------------------ failure identity */
+
+/* Two FNV-1a lanes with different offset bases, each finished with splitmix64's mixer: 128 bits,
+ * so that two different failures in one DLQ never look like copies of one (dlq replay removes
+ * such copies). Not cryptographic: nobody gains by forging a collision with their own message. */
+typedef struct failure_hash {
+    uint64_t a, b;
+} failure_hash;
+
+static void hash_bytes(failure_hash *h, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h->a = (h->a ^ p[i]) * 0x100000001b3ULL;
+        h->b = (h->b ^ p[i]) * 0x100000001b3ULL;
+    }
+}
+
+static void hash_u64(failure_hash *h, uint64_t v)
+{
+    unsigned char le[8];
+    for (int i = 0; i < 8; i++)
+        le[i] = (unsigned char)(v >> (8 * i));
+    hash_bytes(h, le, sizeof le);
+}
+
+/* A field as tag, length, bytes: no two different field lists hash the same stream. */
+static void hash_field(failure_hash *h, char tag, const void *data, size_t len)
+{
+    hash_bytes(h, &tag, 1);
+    hash_u64(h, len);
+    hash_bytes(h, data, len);
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void message_failure_id(const char *biz_key, const void *body, size_t body_len,
+                        const char *handler, int64_t delivery_retries,
+                        int64_t delivery_first_failed_at_ms, char *out, size_t out_len)
+{
+    failure_hash h = {.a = 0xcbf29ce484222325ULL, .b = 0x84222325cbf29ce4ULL};
+    static const char version[] = "idemq-failure-id/1";
+    hash_field(&h, 'v', version, sizeof version - 1);
+    hash_field(&h, 'h', handler, strlen(handler));
+    if (biz_key && biz_key[0])
+        hash_field(&h, 'k', biz_key, strlen(biz_key));
+    else
+        hash_field(&h, 'b', body_len ? body : "", body_len);
+    hash_u64(&h, (uint64_t)delivery_retries);
+    hash_u64(&h, (uint64_t)delivery_first_failed_at_ms);
+    char id[MESSAGE_FAILURE_ID_MAX + 1];
+    snprintf(id, sizeof id, "%016llx%016llx", (unsigned long long)mix64(h.a),
+             (unsigned long long)mix64(h.b ^ 0x9e3779b97f4a7c15ULL));
+    if (out_len > 0)
+        snprintf(out, out_len, "%s", id);
 }

@@ -5,7 +5,16 @@
  * in the message's own amqp_pool_t and its body in one malloc'd buffer. Retry and DLQ copies are
  * built from these untouched originals: a copy never changes the body.
  *
- * Errors: int functions return 0 or BROKER_E_FAILED (connection.h: out of memory); a constructor
+ * A copy must also fit one content-header frame, with room to spare for what brokers add on the
+ * way (see MESSAGE_BROKER_HEADROOM): rabbitmq-c sends basic.publish's method frame before it
+ * encodes the header frame, so a header that does not fit breaks the connection instead of
+ * failing one publish, and a header that only just fits grows past frame_max in the broker and
+ * can then no longer be read. Copies are measured before they are published and give up
+ * producer headers, largest first, until they fit; what was left out is recorded in
+ * idemq-dropped-headers.
+ *
+ * Errors: int functions return 0, BROKER_E_FAILED (connection.h: out of memory) or
+ * MESSAGE_E_TOO_LARGE (the copy does not fit even without any producer header); a constructor
  * returns NULL when out of memory; header lookups return false when the header is absent.
  *
  * Thread affinity: one owner at a time (the loop thread builds and frees messages).
@@ -15,6 +24,7 @@
 
 #include <amqp.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define HEADER_RETRIES "idemq-retries"
@@ -32,6 +42,36 @@
  * carries only the first max_body bytes. */
 #define HEADER_BODY_TRUNCATED "idemq-body-truncated"
 #define HEADER_ERROR_MAX 1024
+/* The identity of one failure of one delivery: equal on the copies that the original delivery and
+ * its redelivery make (a copy confirmed, then the connection lost before the original's ack), and
+ * different for different events and for different retry rounds of one event. See
+ * message_failure_id. */
+#define HEADER_FAILURE_ID "idemq-failure-id"
+#define MESSAGE_FAILURE_ID_MAX 32 /* hex digits; buffers take MESSAGE_FAILURE_ID_MAX + 1 */
+/* Producer headers a copy had to leave out to fit frame_max: "name (N bytes), ..." with N the
+ * header's encoded size, at most MESSAGE_DROPPED_HEADERS_MAX bytes (the rest counted as
+ * " and K more"). Carried on to later copies and replays, and extended when they drop more. */
+#define HEADER_DROPPED_HEADERS "idemq-dropped-headers"
+#define MESSAGE_DROPPED_HEADERS_MAX 512
+
+/* The copy does not fit a content-header frame even without any producer header (a tiny
+ * frame_max, or huge other properties). Distinct from every BROKER_E_* code (connection.h). */
+#define MESSAGE_E_TOO_LARGE (-16)
+
+/*
+ * Bytes of a frame that a copy leaves free for what brokers add to its header on the way, so that
+ * it can still be delivered (rabbitmq-c refuses a frame over frame_max with "invalid AMQP data").
+ * Measured by tests/integration/test_frame_max.c (broker_additions_fit_the_headroom, which fails
+ * when two hops no longer fit), with the longest queue name the config allows (200 bytes): one
+ * hop of a copy through Q.retry.N, dead-lettered back to a quorum work queue, adds an x-death
+ * entry, x-first-death-*, on 4.x x-last-death-*, and x-delivery-count (26 bytes; 3.10 adds it at
+ * the first delivery, 4.0 at the first return): 1286 bytes on 3.10.8, 1783 bytes on 4.0.5. idemq
+ * strips them from every copy, so one hop is what a copy meets before it is read again; a second
+ * (a quorum work queue whose delivery limit dead-letters to Q.dlx by policy) doubles it: 3566.
+ * 8 KiB covers that with room for a broker version that adds more, at 6% of the default
+ * frame_max (131072).
+ */
+#define MESSAGE_BROKER_HEADROOM 8192
 
 typedef struct broker_message {
     uint64_t delivery_tag;
@@ -94,24 +134,61 @@ typedef struct copy_headers {
     uint64_t publish_seq;
     const char *expiration;     /* NULL: the copy must not expire (DLQ) */
     uint64_t body_truncated_from; /* 0, or the announced size of a body cut to max_body */
+    const char *failure_id;     /* NULL: no idemq-failure-id header; else message_failure_id's */
 } copy_headers;
 
 /*
- * Fills out with the original properties plus the copy headers. Broker-added x-death /
- * x-first-death-* / x-last-death-* and old idemq-* headers are dropped; the copy is persistent;
- * user_id moves to the idemq-original-user-id header.
- * Allocations come from pool (borrowed, caller releases). Returns 0 or BROKER_E_FAILED (out of
- * memory).
+ * Encoded size in bytes of the content-header frame that carries props (borrowed), exactly as
+ * rabbitmq-c encodes it (frame header and end, class, weight, body size, property flags, every
+ * present property); SIZE_MAX when rabbitmq-c could not encode it (a short string over 255
+ * bytes, an unknown field kind). A publish whose value is over the connection's frame_max
+ * (amqp_get_frame_max) must not be attempted: it would break the connection.
  */
-int message_copy_properties(const broker_message *msg, const copy_headers *headers,
-                            amqp_pool_t *pool, amqp_basic_properties_t *out);
+size_t message_header_frame_size(const amqp_basic_properties_t *props);
+
+/* The largest header frame a copy may have on a connection with this frame_max: frame_max minus
+ * MESSAGE_BROKER_HEADROOM, or half of frame_max when that is smaller (a broker tuned to a small
+ * frame_max still gets copies through, with proportionally less room). 0 for frame_max 0. */
+size_t message_frame_limit(size_t frame_max);
 
 /*
- * Fills out with props minus every header idemq or the broker's dead-lettering added, for
- * replaying a dead letter as if it were new (its retry count starts again at 0). Allocations
- * come from pool. Returns 0 or BROKER_E_FAILED (out of memory).
+ * Fills out with the original properties plus the copy headers. Broker-added x-death /
+ * x-first-death-* / x-last-death-* / x-delivery-count and old idemq-* headers are dropped (a
+ * previous idemq-dropped-headers record is carried on); the copy is persistent; user_id moves to
+ * the idemq-original-user-id header.
+ * frame_max: the connection's negotiated value (amqp_get_frame_max). When the header frame would
+ * be over message_frame_limit(frame_max), producer headers are left out, largest first, until it
+ * fits, and named in idemq-dropped-headers; idemq's own headers, the other properties and the
+ * body are never changed.
+ * Allocations come from pool (borrowed, caller releases); out points into it and into msg. Returns
+ * 0, BROKER_E_FAILED (out of memory) or MESSAGE_E_TOO_LARGE (does not fit even without producer
+ * headers: a per-message failure, nothing was published).
  */
-int message_strip_properties(const amqp_basic_properties_t *props, amqp_pool_t *pool,
-                             amqp_basic_properties_t *out);
+int message_copy_properties(const broker_message *msg, const copy_headers *headers,
+                            size_t frame_max, amqp_pool_t *pool, amqp_basic_properties_t *out);
+
+/*
+ * Fills out with props (borrowed) minus every header idemq or the broker's dead-lettering added
+ * (idemq-dropped-headers stays: those headers are gone for good), for replaying a dead letter as
+ * if it were new (its retry count starts again at 0). Made to fit message_frame_limit(frame_max)
+ * by the same rule as message_copy_properties. Allocations come from pool. Returns 0,
+ * BROKER_E_FAILED (out of memory) or MESSAGE_E_TOO_LARGE.
+ */
+int message_strip_properties(const amqp_basic_properties_t *props, size_t frame_max,
+                             amqp_pool_t *pool, amqp_basic_properties_t *out);
+
+/*
+ * Writes the failure identity of one delivery's failure to out (out_len bytes, at least
+ * MESSAGE_FAILURE_ID_MAX + 1 for the whole id; always NUL-terminated when out_len > 0): 32 hex
+ * digits of a 128-bit hash over handler, the event (biz_key when the envelope had one, else the
+ * body), delivery_retries (the delivery's idemq-retries, 0 when absent) and
+ * delivery_first_failed_at_ms (its idemq-first-failed-at, 0 when absent). Everything comes from
+ * the delivery itself, never from the clock, so a redelivery of the same delivery gets the same
+ * id; the next retry round reads a higher idemq-retries and gets another.
+ * biz_key: NULL or "" when the envelope had none; body/handler borrowed (handler not NULL).
+ */
+void message_failure_id(const char *biz_key, const void *body, size_t body_len,
+                        const char *handler, int64_t delivery_retries,
+                        int64_t delivery_first_failed_at_ms, char *out, size_t out_len);
 
 #endif

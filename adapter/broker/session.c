@@ -30,11 +30,7 @@
 
 #define CONSUMER_TAG_PREFIX "idemq-"
 
-#ifndef MESSAGE_E_TOO_LARGE /* until message.c fits copies to frame_max */
-#define MESSAGE_E_TOO_LARGE (-4)
-#define message_copy_properties(msg, headers, frame_max, pool, props) \
-    ((void)(frame_max), message_copy_properties(msg, headers, pool, props))
-#endif
+
 /* Nothing arrived for this long: send the liveness probe. */
 #define PROBE_AFTER_MS 1000
 /* Nothing arrived for this long although a probe went out: the broker is silent. */

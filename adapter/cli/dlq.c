@@ -22,6 +22,19 @@
  * then the acks. Gets and confirms never overlap, because rabbitmq-c's basic.get RPC would queue
  * a confirm ahead of the message's content frames. Chunks are small for a quorum-queue reason
  * given at CHUNK_MAX. Blocking, single-threaded: a one-shot tool.
+ *
+ * Copies of one failure: a DLQ copy can be confirmed and its original's ack lost with the
+ * connection; the redelivery then makes a second copy with the same idemq-failure-id
+ * (broker/message.h). Messages with the same id and the same body are one entry with a count in
+ * the listing, and a replay publishes the first of them and removes the others: each of those is
+ * acked only once the first one's replay was confirmed (else it stays, unacked, and returns).
+ * Messages without the header (from an older idemq) are never taken for copies.
+ *
+ * Frames: the pass reads with rabbitmq-c's limit raised by MESSAGE_BROKER_HEADROOM over the
+ * negotiated frame_max, so that a dead letter an older idemq wrote right up to frame_max, which
+ * the broker's x-delivery-count then pushed over it, can still be listed and replayed instead of
+ * ending the pass with "invalid AMQP data". Publishing splits bodies by the negotiated frame_max
+ * itself (send_publish) and never sends a header frame over it.
  */
 #include "cli/cli.h"
 
@@ -52,6 +65,8 @@ typedef struct dead_letter {
      * envelope's, else the AMQP property; "" when absent. */
     char message_id[MESSAGE_TRACE_ID_MAX + 1];
     message_trace trace;
+    char failure_id[MESSAGE_FAILURE_ID_MAX + 1]; /* "" when the header is absent */
+    uint64_t body_hash;                          /* with the id: copies have the same body */
 } dead_letter;
 
 static const config_consumer *find_consumer(const config *cfg, const char *queue)
@@ -102,6 +117,15 @@ static void describe(const amqp_message_t *m, const config *cfg, dead_letter *ou
         out->retries = 0;
     if (!message_header_int(&m->properties, HEADER_FIRST_FAILED_AT, &out->first_failed_at_ms))
         out->first_failed_at_ms = 0;
+    amqp_bytes_t id;
+    if (message_header_bytes(&m->properties, HEADER_FAILURE_ID, &id) && id.len > 0 &&
+        id.len <= MESSAGE_FAILURE_ID_MAX)
+        snprintf(out->failure_id, sizeof out->failure_id, "%.*s", (int)id.len,
+                 (const char *)id.bytes);
+    uint64_t hash = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (size_t i = 0; i < m->body.len; i++)
+        hash = (hash ^ ((const unsigned char *)m->body.bytes)[i]) * 0x100000001b3ULL;
+    out->body_hash = hash;
 }
 
 static void format_time(int64_t ms, char *buf, size_t len)
@@ -122,29 +146,43 @@ static int64_t age_seconds(const dead_letter *d)
     return d->first_failed_at_ms ? (wallclock_ms() - d->first_failed_at_ms) / 1000 : 0;
 }
 
+/* The copies field is added when the pass is over (print_result). */
 static json_t *dead_letter_json(const dead_letter *d)
 {
     char when[40];
     format_time(d->first_failed_at_ms, when, sizeof when);
-    return json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:s?, s:s?, s:s?}", "biz_key", d->biz_key,
-                     "error_class", d->error_class, "error", d->error, "retries",
+    return json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:s?, s:s?, s:s?, s:s?}", "biz_key",
+                     d->biz_key, "error_class", d->error_class, "error", d->error, "retries",
                      (json_int_t)d->retries, "first_failed_at", when, "age_seconds",
                      (json_int_t)age_seconds(d), "message_id",
                      d->message_id[0] ? d->message_id : NULL, "correlation_id",
                      d->trace.correlation_id[0] ? d->trace.correlation_id : NULL, "traceparent",
-                     d->trace.traceparent[0] ? d->trace.traceparent : NULL);
+                     d->trace.traceparent[0] ? d->trace.traceparent : NULL, "failure_id",
+                     d->failure_id[0] ? d->failure_id : NULL);
 }
 
-static void print_dead_letter(const dead_letter *d)
+/* The text of one entry, without the copies line; returned owned (NULL: out of memory). */
+static char *dead_letter_text(const dead_letter *d)
 {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return NULL;
     char when[40];
     format_time(d->first_failed_at_ms, when, sizeof when);
-    printf("%-40s %-18s retries=%-3" PRId64 " first_failed=%s age=%llds\n    reason: %s\n",
-           d->biz_key, d->error_class, d->retries, when, (long long)age_seconds(d), d->error);
+    fprintf(f, "%-40s %-18s retries=%-3" PRId64 " first_failed=%s age=%llds\n    reason: %s\n",
+            d->biz_key, d->error_class, d->retries, when, (long long)age_seconds(d), d->error);
     if (d->message_id[0] || d->trace.correlation_id[0] || d->trace.traceparent[0])
-        printf("    ids:%s%s%s%s%s%s\n", d->message_id[0] ? " message_id=" : "", d->message_id,
-               d->trace.correlation_id[0] ? " correlation_id=" : "", d->trace.correlation_id,
-               d->trace.traceparent[0] ? " traceparent=" : "", d->trace.traceparent);
+        fprintf(f, "    ids:%s%s%s%s%s%s\n", d->message_id[0] ? " message_id=" : "",
+                d->message_id, d->trace.correlation_id[0] ? " correlation_id=" : "",
+                d->trace.correlation_id, d->trace.traceparent[0] ? " traceparent=" : "",
+                d->trace.traceparent);
+    if (fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
 }
 
 static int purge(amqp_connection_state_t conn, const char *dlq, const dlq_options *opts)
@@ -163,20 +201,46 @@ static int purge(amqp_connection_state_t conn, const char *dlq, const dlq_option
     return 0;
 }
 
-/* One message of the pass, from its basic.get to its ack. */
-typedef enum visit_action { VISIT_KEEP, VISIT_REPLAY } visit_action;
+/* One message of the pass, from its basic.get to its ack. DROP: a copy of a failure whose first
+ * copy this pass replays; it is acked, without a copy of its own, once that replay is confirmed. */
+typedef enum visit_action { VISIT_KEEP, VISIT_REPLAY, VISIT_DROP } visit_action;
 
 typedef struct visit {
     uint64_t delivery_tag; /* of the basic.get-ok */
     uint64_t publish_seq;  /* of its copy; 0: not published */
     visit_action action;
     bool shown;            /* printed (list: within --limit; replay: selected) */
-    bool confirmed;        /* the copy was confirmed and not returned */
+    bool confirmed;        /* the copy was confirmed and not returned (DROP: may be acked) */
     bool settled;          /* confirmed, or failed with reason */
+    size_t group;          /* index in pass.groups; SIZE_MAX: no idemq-failure-id */
+    size_t entry;          /* index in pass.entries when shown */
     char reason[TOPOLOGY_NAME_MAX + 64]; /* why the copy failed */
     amqp_message_t message;
     dead_letter d;
 } visit;
+
+/* One entry of the output: a dead letter and how many copies of it the pass met. */
+typedef struct entry {
+    json_t *json; /* --json */
+    char *text;   /* otherwise; owned */
+    size_t copies;
+} entry;
+
+/* Dead letters with one idemq-failure-id and body, as the pass met them. */
+typedef enum group_state {
+    GROUP_KEPT,           /* the first was kept (listed, or not selected for replay) */
+    GROUP_REPLAY_PENDING, /* the first is being replayed in this chunk */
+    GROUP_REPLAYED,       /* the first's replay was confirmed: later copies are removed */
+    GROUP_REPLAY_FAILED,  /* the first stays: so do its copies */
+} group_state;
+
+typedef struct group {
+    char id[MESSAGE_FAILURE_ID_MAX + 1];
+    uint64_t body_hash;
+    size_t body_len;
+    group_state state;
+    size_t entry; /* index in pass.entries; SIZE_MAX: the first was not shown */
+} group;
 
 /*
  * Why so small a chunk: on a quorum queue RabbitMQ turns the ack of each basic.get'd message into
@@ -203,9 +267,103 @@ typedef struct pass {
     uint64_t publish_seq;   /* last publish on the channel */
     bool left_unacked;      /* an original of an earlier chunk is still unacked: no multiple ack */
     bool channel_gone;      /* a basic.get failed: nothing more can be published or acked */
-    size_t seen, shown, replayed, failed;
-    json_t *listing;
+    /* rabbitmq-c failed on the socket or the data: its state is not fit for a closing handshake
+     * (after "invalid AMQP data" it would read past a buffer), so the connection is dropped. */
+    bool connection_broken;
+    size_t seen, shown, replayed, removed, failed, copies;
+    size_t frame_max;       /* negotiated: no frame idemq sends is larger */
+    entry *entries;         /* the output, in the DLQ's order */
+    size_t entry_count, entry_cap;
+    group *groups;
+    size_t group_count, group_cap;
+    size_t *slots;          /* open addressing over groups: index + 1, 0 = empty */
+    size_t slot_cap;        /* a power of two, at least twice group_count */
+    bool out_of_memory;
 } pass;
+
+static uint64_t group_hash(const char *id, uint64_t body_hash, size_t body_len)
+{
+    uint64_t h = body_hash ^ ((uint64_t)body_len * 0x9e3779b97f4a7c15ULL);
+    for (const char *c = id; *c; c++)
+        h = (h ^ (unsigned char)*c) * 0x100000001b3ULL;
+    return h;
+}
+
+static bool group_matches(const group *g, const dead_letter *d, size_t body_len)
+{
+    return g->body_hash == d->body_hash && g->body_len == body_len &&
+           strcmp(g->id, d->failure_id) == 0;
+}
+
+static int grow_slots(pass *p)
+{
+    size_t cap = p->slot_cap ? p->slot_cap * 2 : 64;
+    size_t *slots = calloc(cap, sizeof *slots);
+    if (!slots)
+        return -1;
+    for (size_t i = 0; i < p->group_count; i++) {
+        const group *g = &p->groups[i];
+        size_t at = (size_t)group_hash(g->id, g->body_hash, g->body_len) & (cap - 1);
+        while (slots[at])
+            at = (at + 1) & (cap - 1);
+        slots[at] = i + 1;
+    }
+    free(p->slots);
+    p->slots = slots;
+    p->slot_cap = cap;
+    return 0;
+}
+
+/* The group of d (whose body is body_len bytes): found, or added in state `state`. *added tells
+ * which. Returns SIZE_MAX when out of memory. */
+static size_t find_or_add_group(pass *p, const dead_letter *d, size_t body_len, group_state state,
+                                bool *added)
+{
+    *added = false;
+    if (p->group_count * 2 >= p->slot_cap && grow_slots(p) != 0)
+        return SIZE_MAX;
+    size_t at = (size_t)group_hash(d->failure_id, d->body_hash, body_len) & (p->slot_cap - 1);
+    for (; p->slots[at]; at = (at + 1) & (p->slot_cap - 1))
+        if (group_matches(&p->groups[p->slots[at] - 1], d, body_len))
+            return p->slots[at] - 1;
+    if (p->group_count == p->group_cap) {
+        size_t cap = p->group_cap ? p->group_cap * 2 : 64;
+        group *groups = realloc(p->groups, cap * sizeof *groups);
+        if (!groups)
+            return SIZE_MAX;
+        p->groups = groups;
+        p->group_cap = cap;
+    }
+    group *g = &p->groups[p->group_count];
+    memcpy(g->id, d->failure_id, sizeof g->id);
+    g->body_hash = d->body_hash;
+    g->body_len = body_len;
+    g->state = state;
+    g->entry = SIZE_MAX;
+    p->slots[at] = ++p->group_count;
+    *added = true;
+    return p->group_count - 1;
+}
+
+/* A new output entry for v (shown); returns its index, SIZE_MAX when out of memory. */
+static size_t add_entry(pass *p, const visit *v)
+{
+    if (p->entry_count == p->entry_cap) {
+        size_t cap = p->entry_cap ? p->entry_cap * 2 : 64;
+        entry *entries = realloc(p->entries, cap * sizeof *entries);
+        if (!entries)
+            return SIZE_MAX;
+        p->entries = entries;
+        p->entry_cap = cap;
+    }
+    entry *e = &p->entries[p->entry_count];
+    e->copies = 1;
+    e->json = p->opts->json ? dead_letter_json(&v->d) : NULL;
+    e->text = p->opts->json ? NULL : dead_letter_text(&v->d);
+    if (!e->json && !e->text)
+        return SIZE_MAX;
+    return p->entry_count++;
+}
 
 /* The copy that keeps a dead letter: its own properties and headers, without the broker's
  * x-delivery-count. user_id moves to the idemq-original-user-id header, as on idemq's DLQ
@@ -249,28 +407,95 @@ static int keep_properties(const amqp_basic_properties_t *in, amqp_pool_t *pool,
     return 0;
 }
 
-/* Publishes the copy of v (mandatory, confirm mode). Returns 0 or -1 (the connection failed). */
+/* amqp_basic_publish to the default exchange, mandatory, with body frames cut to the negotiated
+ * frame_max: the connection's own limit is raised for reading (see the top of this file). The
+ * caller has checked the header frame against p->frame_max. Returns an AMQP_STATUS_* code. */
+static int send_publish(pass *p, const char *routing_key, const amqp_basic_properties_t *props,
+                        amqp_bytes_t body)
+{
+    amqp_basic_publish_t method = {.exchange = amqp_empty_bytes,
+                                   .routing_key = amqp_cstring_bytes(routing_key),
+                                   .mandatory = 1};
+    int rc = amqp_send_method(p->conn, BROKER_CHANNEL, AMQP_BASIC_PUBLISH_METHOD, &method);
+    if (rc != AMQP_STATUS_OK)
+        return rc;
+    amqp_frame_t frame = {.frame_type = AMQP_FRAME_HEADER, .channel = BROKER_CHANNEL};
+    frame.payload.properties.class_id = AMQP_BASIC_CLASS;
+    frame.payload.properties.body_size = body.len;
+    frame.payload.properties.decoded = (void *)props;
+    if ((rc = amqp_send_frame(p->conn, &frame)) != AMQP_STATUS_OK)
+        return rc;
+    size_t fragment_max = p->frame_max - 8; /* frame header and end */
+    for (size_t offset = 0; offset < body.len; offset += fragment_max) {
+        size_t n = body.len - offset < fragment_max ? body.len - offset : fragment_max;
+        frame = (amqp_frame_t){.frame_type = AMQP_FRAME_BODY, .channel = BROKER_CHANNEL};
+        frame.payload.body_fragment =
+            (amqp_bytes_t){.len = n, .bytes = (char *)body.bytes + offset};
+        if ((rc = amqp_send_frame(p->conn, &frame)) != AMQP_STATUS_OK)
+            return rc;
+    }
+    return AMQP_STATUS_OK;
+}
+
+/* Publishes the copy of v (mandatory, confirm mode). A copy that cannot be made (out of memory,
+ * too large) fails v alone. Returns 0, or -1 when the connection failed. */
 static int publish_copy(pass *p, visit *v, amqp_pool_t *pool)
 {
+    if (v->action == VISIT_DROP)
+        return 0;
     amqp_basic_properties_t props;
     int rc = v->action == VISIT_REPLAY
-                 ? message_strip_properties(&v->message.properties, pool, &props)
+                 ? message_strip_properties(&v->message.properties, p->frame_max, pool, &props)
                  : keep_properties(&v->message.properties, pool, &props);
+    /* A kept dead letter is republished unchanged: it must fit frame_max as it is (only one
+     * from outside idemq, which moved a user_id into a header, can grow). */
+    if (rc == 0 && v->action == VISIT_KEEP && message_header_frame_size(&props) > p->frame_max)
+        rc = MESSAGE_E_TOO_LARGE;
     if (rc != 0) {
-        snprintf(v->reason, sizeof v->reason, "out of memory");
+        if (rc == MESSAGE_E_TOO_LARGE && v->action == VISIT_REPLAY)
+            snprintf(v->reason, sizeof v->reason,
+                     "its properties do not fit a frame of %zu bytes even without its headers",
+                     p->frame_max);
+        else if (rc == MESSAGE_E_TOO_LARGE)
+            snprintf(v->reason, sizeof v->reason,
+                     "its header frame would be over frame_max (%zu bytes) as it is",
+                     p->frame_max);
+        else
+            snprintf(v->reason, sizeof v->reason, "out of memory");
         v->settled = true;
         return 0;
     }
     const char *routing_key = v->action == VISIT_REPLAY ? p->c->queue : p->dlq;
-    rc = amqp_basic_publish(p->conn, BROKER_CHANNEL, amqp_empty_bytes,
-                            amqp_cstring_bytes(routing_key), 1, 0, &props, v->message.body);
+    rc = send_publish(p, routing_key, &props, v->message.body);
     if (rc != AMQP_STATUS_OK) {
         snprintf(v->reason, sizeof v->reason, "publish failed: %s", amqp_error_string2(rc));
         v->settled = true;
+        p->connection_broken = true;
         return -1;
     }
     v->publish_seq = ++p->publish_seq;
     return 0;
+}
+
+/* After the chunk's confirms: the replays' groups learn their outcome, then the copies they
+ * stand for may be acked (confirmed) or must stay. */
+static void settle_copies(pass *p)
+{
+    for (size_t i = 0; i < p->count; i++) {
+        const visit *v = &p->visits[i];
+        if (v->action == VISIT_REPLAY && v->group != SIZE_MAX &&
+            p->groups[v->group].state == GROUP_REPLAY_PENDING)
+            p->groups[v->group].state = v->confirmed ? GROUP_REPLAYED : GROUP_REPLAY_FAILED;
+    }
+    for (size_t i = 0; i < p->count; i++) {
+        visit *v = &p->visits[i];
+        if (v->action != VISIT_DROP)
+            continue;
+        v->confirmed = p->groups[v->group].state == GROUP_REPLAYED;
+        if (!v->confirmed)
+            snprintf(v->reason, sizeof v->reason,
+                     "the replay of the dead letter it is a copy of was not confirmed");
+    }
 }
 
 /* Marks the visits whose copy has a sequence number in [lo, hi]. returned_seq: the publish a
@@ -318,6 +543,7 @@ static int wait_for_confirms(pass *p)
         int rc = amqp_simple_wait_frame_noblock(p->conn, &frame, &timeout);
         if (rc != AMQP_STATUS_OK) {
             gone = amqp_error_string2(rc);
+            p->connection_broken = true;
             break;
         }
         if (frame.frame_type != AMQP_FRAME_METHOD)
@@ -380,6 +606,14 @@ static int wait_for_confirms(pass *p)
     return -1;
 }
 
+static int ack(pass *p, uint64_t delivery_tag, bool multiple)
+{
+    if (amqp_basic_ack(p->conn, BROKER_CHANNEL, delivery_tag, multiple) == AMQP_STATUS_OK)
+        return 0;
+    p->connection_broken = true;
+    return -1;
+}
+
 /* Acks the originals whose copy was confirmed: one multiple ack when the whole chunk was and no
  * earlier original is still unacked, else one by one. Returns 0 or -1. */
 static int ack_originals(pass *p)
@@ -388,28 +622,31 @@ static int ack_originals(pass *p)
     for (size_t i = 0; i < p->count; i++)
         all = all && p->visits[i].confirmed;
     if (all && p->count > 0)
-        return amqp_basic_ack(p->conn, BROKER_CHANNEL, p->visits[p->count - 1].delivery_tag, 1) ==
-                       AMQP_STATUS_OK
-                   ? 0
-                   : -1;
+        return ack(p, p->visits[p->count - 1].delivery_tag, true);
     for (size_t i = 0; i < p->count; i++) {
         visit *v = &p->visits[i];
         if (!v->confirmed) {
             p->left_unacked = true;
             continue;
         }
-        if (amqp_basic_ack(p->conn, BROKER_CHANNEL, v->delivery_tag, 0) != AMQP_STATUS_OK)
+        if (ack(p, v->delivery_tag, false) != 0)
             return -1;
     }
     return 0;
 }
 
-/* Prints the chunk's selected messages and problems, counts outcomes, frees the messages. */
+/* Reports the chunk's problems, counts outcomes, frees the messages. */
 static void report_chunk(pass *p)
 {
     for (size_t i = 0; i < p->count; i++) {
         visit *v = &p->visits[i];
-        if (v->action == VISIT_REPLAY && v->confirmed) {
+        if (v->action == VISIT_DROP && v->confirmed) {
+            p->removed++;
+        } else if (v->action == VISIT_DROP) {
+            fprintf(stderr, "idemq dlq replay: a copy of %s kept in %s: %s\n", v->d.biz_key,
+                    p->dlq, v->reason);
+            p->failed++;
+        } else if (v->action == VISIT_REPLAY && v->confirmed) {
             p->replayed++;
         } else if (v->action == VISIT_REPLAY) {
             fprintf(stderr, "idemq dlq replay: %s kept in %s: %s\n", v->d.biz_key, p->dlq,
@@ -422,12 +659,6 @@ static void report_chunk(pass *p)
                     "attempts, and it may no longer be in its place)\n",
                     v->d.biz_key, v->reason, p->dlq);
             p->failed++;
-        }
-        if (v->shown) {
-            if (p->opts->json)
-                json_array_append_new(p->listing, dead_letter_json(&v->d));
-            else
-                print_dead_letter(&v->d);
         }
         amqp_destroy_message(&v->message);
     }
@@ -445,6 +676,7 @@ static int fetch(pass *p, size_t *snapshot, size_t *replays_in_chunk)
         fprintf(stderr, "idemq dlq: reading %s failed: %s\n", p->dlq,
                 broker_describe_reply(reply, reason, sizeof reason));
         p->channel_gone = true;
+        p->connection_broken |= reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION;
         return -1;
     }
     if (reply.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
@@ -461,6 +693,7 @@ static int fetch(pass *p, size_t *snapshot, size_t *replays_in_chunk)
     if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
         fprintf(stderr, "idemq dlq: reading a message failed: %s\n",
                 broker_describe_reply(reply, reason, sizeof reason));
+        p->connection_broken |= reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION;
         /* Not counted: its delivery tag is unacked and it returns when the channel closes. */
         p->left_unacked = true;
         p->channel_gone = true;
@@ -470,15 +703,47 @@ static int fetch(pass *p, size_t *snapshot, size_t *replays_in_chunk)
     p->seen++;
     describe(&v->message, p->cfg, &v->d);
     v->action = VISIT_KEEP;
+    v->group = SIZE_MAX;
     const dlq_options *o = p->opts;
+    bool selected = o->action == DLQ_REPLAY &&
+                    (o->all || (o->biz_key && strcmp(o->biz_key, v->d.biz_key) == 0));
+    if (v->d.failure_id[0]) {
+        bool added;
+        bool replay = selected && (!o->limit || p->replayed + *replays_in_chunk < o->limit);
+        v->group = find_or_add_group(p, &v->d, v->message.body.len,
+                                     replay ? GROUP_REPLAY_PENDING : GROUP_KEPT, &added);
+        if (v->group == SIZE_MAX) {
+            p->out_of_memory = true;
+            return 1;
+        }
+        group *g = &p->groups[v->group];
+        if (!added) {
+            /* A copy of one met before: it counts there, and goes if that one was replayed. */
+            p->copies++;
+            if (g->entry != SIZE_MAX)
+                p->entries[g->entry].copies++;
+            if (g->state == GROUP_REPLAY_PENDING || g->state == GROUP_REPLAYED) {
+                v->action = VISIT_DROP;
+                v->settled = true; /* nothing to publish; settle_copies decides its ack */
+                v->confirmed = g->state == GROUP_REPLAYED;
+            }
+            return 1;
+        }
+    }
     if (o->action == DLQ_LIST) {
         v->shown = !o->limit || p->shown < o->limit;
-        p->shown += v->shown;
-    } else if ((o->all || (o->biz_key && strcmp(o->biz_key, v->d.biz_key) == 0)) &&
-               (!o->limit || p->replayed + *replays_in_chunk < o->limit)) {
+    } else if (selected && (!o->limit || p->replayed + *replays_in_chunk < o->limit)) {
         v->action = VISIT_REPLAY;
         v->shown = true;
         ++*replays_in_chunk;
+    }
+    if (v->shown) {
+        p->shown++;
+        v->entry = add_entry(p, v);
+        if (v->entry == SIZE_MAX)
+            p->out_of_memory = true;
+        else if (v->group != SIZE_MAX)
+            p->groups[v->group].entry = v->entry;
     }
     return 1;
 }
@@ -501,6 +766,13 @@ static int walk(pass *p)
                 done = true;
                 break;
             }
+            if (p->out_of_memory) {
+                /* This chunk is settled as usual; nothing more is fetched. */
+                fprintf(stderr, "idemq dlq: out of memory; the pass stops here\n");
+                exit_code = 1;
+                done = true;
+                break;
+            }
             bytes += p->visits[p->count - 1].message.body.len;
             amqp_maybe_release_buffers(p->conn);
         }
@@ -516,6 +788,7 @@ static int walk(pass *p)
         }
         if (wait_for_confirms(p) != 0 || broken)
             done = true;
+        settle_copies(p);
         if (!p->channel_gone && ack_originals(p) != 0) {
             fprintf(stderr, "idemq dlq: acking in %s failed: the messages whose copy was "
                             "confirmed are now in it twice (nothing is lost)\n",
@@ -532,6 +805,55 @@ static int walk(pass *p)
     }
     empty_amqp_pool(&pool);
     return exit_code;
+}
+
+static const char copies_note[] = "a lost ack duplicated this dead letter";
+
+/* The entries and the summary, once the pass is over (a count can grow until its end). */
+static void print_result(pass *p)
+{
+    const dlq_options *opts = p->opts;
+    if (opts->json) {
+        json_t *listing = json_array();
+        for (size_t i = 0; listing && i < p->entry_count; i++) {
+            json_t *e = p->entries[i].json;
+            json_object_set_new(e, "copies", json_integer((json_int_t)p->entries[i].copies));
+            json_array_append(listing, e);
+        }
+        json_t *doc =
+            opts->action == DLQ_LIST
+                ? json_pack("{s:s, s:o?}", "queue", p->dlq, "messages", listing)
+                : json_pack("{s:s, s:I, s:I, s:I, s:o?}", "queue", p->dlq, "replayed",
+                            (json_int_t)p->replayed, "removed_copies", (json_int_t)p->removed,
+                            "failed", (json_int_t)p->failed, "messages", listing);
+        if (!doc) {
+            fprintf(stderr, "idemq dlq: out of memory\n");
+            return;
+        }
+        json_dumpf(doc, stdout, JSON_INDENT(2));
+        putchar('\n');
+        json_decref(doc);
+        return;
+    }
+    for (size_t i = 0; i < p->entry_count; i++) {
+        fputs(p->entries[i].text, stdout);
+        if (p->entries[i].copies > 1)
+            printf("    copies: %zu copies (%s)\n", p->entries[i].copies, copies_note);
+    }
+    if (opts->action == DLQ_REPLAY) {
+        printf("replayed %zu message(s) from %s to %s", p->replayed, p->dlq, p->c->queue);
+        if (p->removed)
+            printf(", removed %zu copy(ies) of them (%s)", p->removed,
+                   "a lost ack had duplicated those dead letters");
+        printf("%s\n", p->failed ? " (some failed, see above)" : "");
+        return;
+    }
+    printf("%zu message(s) in %s", p->seen, p->dlq);
+    if (p->copies)
+        printf(" (%zu of them copies of another: %s)", p->copies, "shown once, with a count");
+    if (p->shown < p->seen - p->copies)
+        printf(", the first %zu shown", p->shown);
+    printf(" (listed without removing)\n");
 }
 
 int cli_dlq(const config *cfg, const dlq_options *opts)
@@ -580,37 +902,36 @@ int cli_dlq(const config *cfg, const dlq_options *opts)
     if (rc > 0)
         fprintf(stderr, "idemq dlq: warning: %s\n", warning);
 
-    p.visits = calloc(CHUNK_MAX, sizeof *p.visits);
-    p.listing = json_array();
-    if (!p.visits || !p.listing) {
+    /* Raised for reading only (see the top of this file); nothing is in flight on the
+     * connection now, as amqp_tune_connection requires. */
+    p.frame_max = (size_t)amqp_get_frame_max(p.conn);
+    if (amqp_tune_connection(p.conn, amqp_get_channel_max(p.conn),
+                             amqp_get_frame_max(p.conn) + MESSAGE_BROKER_HEADROOM,
+                             amqp_get_heartbeat(p.conn)) != AMQP_STATUS_OK) {
         fprintf(stderr, "idemq dlq: out of memory\n");
-        free(p.visits);
-        json_decref(p.listing);
+        broker_close(p.conn);
+        return 1;
+    }
+    p.visits = calloc(CHUNK_MAX, sizeof *p.visits);
+    if (!p.visits) {
+        fprintf(stderr, "idemq dlq: out of memory\n");
         broker_close(p.conn);
         return 1;
     }
     int exit_code = walk(&p);
-    if (opts->json) {
-        json_t *doc = opts->action == DLQ_LIST
-                          ? json_pack("{s:s, s:O}", "queue", p.dlq, "messages", p.listing)
-                          : json_pack("{s:s, s:I, s:I, s:O}", "queue", p.dlq, "replayed",
-                                      (json_int_t)p.replayed, "failed", (json_int_t)p.failed,
-                                      "messages", p.listing);
-        json_dumpf(doc, stdout, JSON_INDENT(2));
-        putchar('\n');
-        json_decref(doc);
-    } else if (opts->action == DLQ_REPLAY) {
-        printf("replayed %zu message(s) from %s to %s%s\n", p.replayed, p.dlq, c->queue,
-               p.failed ? " (some failed, see above)" : "");
-    } else if (p.shown < p.seen) {
-        printf("%zu message(s) in %s, the first %zu shown (listed without removing)\n", p.seen,
-               p.dlq, p.shown);
-    } else {
-        printf("%zu message(s) in %s (listed without removing)\n", p.seen, p.dlq);
+    print_result(&p);
+    for (size_t i = 0; i < p.entry_count; i++) {
+        json_decref(p.entries[i].json);
+        free(p.entries[i].text);
     }
-    json_decref(p.listing);
+    free(p.entries);
+    free(p.groups);
+    free(p.slots);
     free(p.visits);
     /* Everything confirmed was acked; whatever was not returns to the DLQ now. */
-    broker_close(p.conn);
+    if (p.connection_broken)
+        amqp_destroy_connection(p.conn);
+    else
+        broker_close(p.conn);
     return exit_code;
 }

@@ -60,7 +60,14 @@ static void publish_copy(settler *s, delivery *d)
 {
     const config_consumer *c = d->consumer;
     char exchange[TOPOLOGY_NAME_MAX], routing_key[TOPOLOGY_NAME_MAX], expiration[32];
+    /* The same for this delivery and its redelivery: a copy a lost ack made twice is recognised
+     * (dlq list shows one entry, dlq replay publishes one). */
+    char failure_id[MESSAGE_FAILURE_ID_MAX + 1];
+    message_failure_id(d->decoded ? d->env.biz_key : NULL, d->msg->body, d->msg->body_len,
+                       c->handler_name, d->retries, d->first_failed_at_ms, failure_id,
+                       sizeof failure_id);
     copy_headers headers = {
+        .failure_id = failure_id,
         .retries = d->out.retries,
         .error_class = error_class_name(d->out.error_class),
         .error = d->job.error[0] ? d->job.error : "unknown error",
