@@ -125,7 +125,10 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
             rc = BROKER_E_REFUSED;
         else
             snprintf(err, err_len, "cannot connect to RabbitMQ at %s:%d: %s", info.host,
-                     info.port, broker_describe_status(status));
+                     info.port,
+                     status == AMQP_STATUS_SOCKET_ERROR
+                         ? "nothing accepts connections there, or it is unreachable"
+                         : broker_describe_status(status));
         goto out;
     }
     struct timeval handshake_timeout = {.tv_sec = 10};

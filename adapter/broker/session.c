@@ -922,6 +922,16 @@ static void thread_main(void *arg)
 static void on_async_closed(uv_handle_t *handle)
 {
     broker_session *s = handle->data;
+    /* Posted after the thread took its last batch: nothing to carry out any more. */
+    for (command *c = s->commands_head; c;) {
+        command *next = c->next;
+        if (c->pool_ready)
+            empty_amqp_pool(&c->pool);
+        free(c->exchange);
+        free(c->routing_key);
+        free(c);
+        c = next;
+    }
     for (command *c = s->free_commands; c;) {
         command *next = c->next;
         free(c);
