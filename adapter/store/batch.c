@@ -19,6 +19,7 @@
 #include "db/error.h"
 #include "db/prepare.h"
 #include "handlers/handler.h"
+#include "ops/log.h"
 #include "store/transaction.h"
 
 struct store_batch_state {
@@ -203,10 +204,19 @@ static apply_status run_each(store_session *s, store_batch_state *b, store_job *
 
 /* -------------------------------------------------------------------------------- set-based */
 
-static int by_biz_key(const void *a, const void *c)
+/* Sorts jobs[0..n) into sorted by biz_key, stably: copies of one key keep their order of
+ * arrival, so the first copy delivered is the one applied. Insertion sort: batches are small, and
+ * it needs no allocation. */
+static void sort_by_biz_key(store_job **sorted, store_job *const *jobs, size_t n)
 {
-    const store_job *x = *(store_job *const *)a, *y = *(store_job *const *)c;
-    return strcmp(x->env->biz_key, y->env->biz_key);
+    for (size_t i = 0; i < n; i++) {
+        size_t j = i;
+        while (j > 0 && strcmp(sorted[j - 1]->env->biz_key, jobs[i]->env->biz_key) > 0) {
+            sorted[j] = sorted[j - 1];
+            j--;
+        }
+        sorted[j] = jobs[i];
+    }
 }
 
 static MYSQL_STMT *prepared(store_session *s, store_batch_state *b, MYSQL_STMT **slot,
@@ -295,8 +305,7 @@ static apply_status insert_returning(store_session *s, store_batch_state *b, siz
 static apply_status insert_dedup_rows(store_session *s, store_batch_state *b, store_job **jobs,
                                       size_t n, const char *handler_name)
 {
-    memcpy(b->sorted, jobs, n * sizeof *jobs);
-    qsort(b->sorted, n, sizeof *b->sorted, by_biz_key);
+    sort_by_biz_key(b->sorted, jobs, n);
     if (s->returning) {
         apply_status status = insert_returning(s, b, n, handler_name);
         if (status != APPLY_CONTINUE)
@@ -423,6 +432,20 @@ int store_batch_run(store_session *s, store_job **jobs, size_t n)
     b->mysql_errno = 0;
     apply_status batch =
         handler_has_batch_path(consumer) ? run_set_based(s, b, jobs, n) : run_each(s, b, jobs, n);
+    log_context ctx = {.queue = consumer->queue, .retries = -1};
+    if (batch == APPLY_COMMITTED && log_enabled(LOG_LEVEL_DEBUG)) {
+        size_t counts[APPLY_UNAVAILABLE + 1] = {0};
+        for (size_t i = 0; i < n; i++)
+            counts[b->outcome[i]]++;
+        log_debug(&ctx,
+                  "batch of %zu messages: one COMMIT (applied %zu, state_noop %zu, deduped %zu, "
+                  "failed %zu)",
+                  n, counts[APPLY_CONTINUE], counts[APPLY_STATE_NOOP], counts[APPLY_DUPLICATE],
+                  counts[APPLY_RETRYABLE] + counts[APPLY_NON_RETRYABLE]);
+    } else if (batch == APPLY_RETRYABLE) {
+        log_info(&ctx, "batch of %zu messages rolled back as a whole (%s): each runs alone", n,
+                 b->error);
+    }
     bool unavailable = false;
     for (size_t i = 0; i < n; i++) {
         store_job *job = jobs[i];

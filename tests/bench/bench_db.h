@@ -48,8 +48,13 @@ const char *bench_shape_name(bench_shape shape);
 void bench_workload_init(bench_workload *w, int messages);
 void bench_workload_free(bench_workload *w);
 
-/* The JSON body of event e (what the broker benchmarks publish); returns its length. */
-int bench_event_body(const bench_event *e, char *buf, size_t len);
+/* The JSON body of event e for order "<prefix><order>" (what the broker benchmarks publish);
+ * returns its length. The database ceilings use prefix 'b'. */
+int bench_event_body(const bench_event *e, char prefix, char *buf, size_t len);
+
+/* Inserts orders "<prefix>0" .. "<prefix><count-1>" in PAYING (db connected to the bench's
+ * database). */
+void bench_insert_orders(MYSQL *db, char prefix, int count);
 
 /* A connection to database (NULL: none) with CLIENT_FOUND_ROWS, as idemq connects. */
 MYSQL *bench_db_connect(const db_dsn *dsn, const char *database);
@@ -62,7 +67,8 @@ void bench_db_reset(const db_dsn *dsn, const bench_workload *w);
 
 /* Applies the whole workload with `workers` connections, each taking `batch` events at a time
  * from a shared cursor, in the given shape; returns events per second. Checks the result: every
- * order PAID once, exactly w->orders dedup rows. */
+ * order PAID once, exactly w->orders dedup rows; a wrong result exits, except for the bulk
+ * shape, which then returns minus its rate (see bench_db.c). */
 double bench_db_run(const db_dsn *dsn, const bench_workload *w, bench_shape shape, int workers,
                     int batch);
 
