@@ -18,6 +18,12 @@
  *     and still gets its own outcome; no innocent message is charged a retry.
  *   sql handler (a savepoint per message): a failed message is undone back to its savepoint —
  *     its ledger insert too — while the others in the same transaction commit.
+ *   a handler that commits inside a batch (a CALLed procedure): the messages before it were
+ *     committed whole and keep their outcome, it is dead-lettered as a lone message would be,
+ *     the ones after it run alone.
+ *   a lock wait timeout with innodb_rollback_on_timeout under a plugin that ignores it
+ *     (tests/support/plugins/swallow_rollback.c): the batch is found rolled back, every message
+ *     runs alone, and only the one whose row is locked is charged a retry.
  *   kill -9 between COMMIT and the acks (test-only IDEMQ_TEST_KILL_AFTER_COMMITS, store.h):
  *     after the restart every effect exists once, the killed batch's redeliveries are deduped.
  *   lost connection mid-batch: the worker's connection is killed (KILL CONNECTION) while its
@@ -39,6 +45,10 @@
 #include <unistd.h>
 
 #include "harness.h"
+
+#ifndef IDEMQ_SWALLOW_ROLLBACK_PLUGIN
+#error "CMake passes IDEMQ_SWALLOW_ROLLBACK_PLUGIN (tests/support/plugins/swallow_rollback.c)"
+#endif
 
 #define DEADLINE_MS 60000
 #define READY_LINE "consuming with handler"
@@ -461,6 +471,114 @@ Test(batch, an_sql_handler_batch_undoes_only_the_failed_message_back_to_its_save
     cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM msg_dedup"), 4,
                  "dedup rows: dup0 (before), ok0, ok1, copy0");
     harness_stop_idemq(&F.daemon);
+}
+
+/* An sql handler that CALLs a procedure committing when the message says so (as
+ * test_transaction_guard's), then updates the order. */
+static const char committing_handler[] =
+    "      type: sql\n"
+    "      statements:\n"
+    "        - sql: \"CALL audit_and_commit(:order_id, :commit_inside)\"\n"
+    "        - sql: \"UPDATE orders SET status = 'PAID' WHERE order_id = :order_id\"\n"
+    "          expect_rows: 1\n";
+
+static void publish_commit_inside(const char *order_id, int commit_inside)
+{
+    char body[256];
+    int n = snprintf(body, sizeof body,
+                     "{\"biz_key\":\"order_id:%s:PAY\",\"order_id\":\"%s\",\"commit_inside\":%d}",
+                     order_id, order_id, commit_inside);
+    harness_publish(&F.h, NULL, "application/json", body, (size_t)n, NULL);
+}
+
+Test(batch, a_handler_that_commits_inside_a_batch_is_dead_lettered_and_the_others_keep_theirs)
+{
+    harness_options o = {.workers = 1, .handler_yaml = committing_handler};
+    setup("batch_guard_commit", &o);
+    harness_sql(&F.h, "CREATE TABLE audit (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id "
+                      "VARCHAR(64) NOT NULL) ENGINE=InnoDB");
+    harness_sql(&F.h, "CREATE PROCEDURE audit_and_commit(IN oid VARCHAR(64), IN do_commit INT) "
+                      "BEGIN INSERT INTO audit (order_id) VALUES (oid); "
+                      "IF do_commit THEN COMMIT; END IF; END");
+    harness_insert_orders(&F.h, "before", 1, "PAYING");
+    harness_insert_orders(&F.h, "c", 1, "PAYING");
+    harness_insert_orders(&F.h, "after", 1, "PAYING");
+    publish_commit_inside("before0", 0);
+    publish_commit_inside("c0", 1); /* its procedure commits the batch's transaction */
+    publish_commit_inside("after0", 0);
+    start();
+    cr_assert(harness_wait_log(&F.h,
+                               "batch of 3 messages rolled back as a whole (the transaction of a "
+                               "batch ended during one message's handler)",
+                               1, DEADLINE_MS));
+    /* before0 was committed whole by c0's COMMIT: processed, once. c0's dedup row went with
+     * only half its effect: dead-lettered for a person, as a lone message would be. after0 had
+     * not run: it runs alone. */
+    expect_only_outcome("before0", "PAY", "processed");
+    expect_only_outcome("c0", "PAY", "dead_lettered");
+    expect_only_outcome("after0", "PAY", "processed");
+    cr_assert_eq(harness_log_count_both(F.h.log_path, "\"biz_key\":\"order_id:c0:PAY\"",
+                                        "ended idemq's transaction with a COMMIT"),
+                 1);
+    cr_assert(harness_wait_queue_depth(&F.h, queue_named(".dlq"), 1, DEADLINE_MS));
+    expect_order_unpaid("c0", "PAYING");
+    cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), 2);
+    cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM audit"), 3,
+                 "one audit row each: before0's and c0's committed by c0's COMMIT, after0's alone");
+    cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM msg_dedup"), 3);
+    cr_assert_eq(harness_log_count(&F.h, "\"outcome\":\"retried\""), 0);
+    harness_stop_idemq(&F.daemon);
+}
+
+Test(batch,
+     a_lock_wait_timeout_that_rolls_back_a_plugins_batch_charges_only_the_message_that_waited)
+{
+    static char handler[1024];
+    snprintf(handler, sizeof handler,
+             "      type: plugin\n"
+             "      path: \"%s\"\n"
+             "      config: {mode: lock_wait}\n",
+             IDEMQ_SWALLOW_ROLLBACK_PLUGIN);
+    harness_options o = {.workers = 1,
+                         .handler_yaml = handler,
+                         .retry_set = true,
+                         .max_retries = 5,
+                         .base = "2s",
+                         .jitter = "0"};
+    setup("batch_lock_wait", &o);
+    if (harness_scalar(&F.h, "SELECT @@innodb_rollback_on_timeout") != 1) {
+        teardown(); /* a skipped test gets no .fini */
+        cr_skip_test("needs innodb_rollback_on_timeout=ON (test_transaction_guard.c says why)");
+    }
+    harness_sql(&F.h, "CREATE TABLE ledger (id BIGINT AUTO_INCREMENT PRIMARY KEY, biz_key "
+                      "VARBINARY(128) NOT NULL, amount BIGINT NOT NULL) ENGINE=InnoDB");
+    harness_sql(&F.h, "CREATE PROCEDURE short_lock_wait() "
+                      "BEGIN SET SESSION innodb_lock_wait_timeout = 1; END");
+    harness_insert_orders(&F.h, "ok", 2, "PAYING");
+    harness_insert_orders(&F.h, "lw", 1, "PAYING");
+    publish_commit_inside("ok0", 0);
+    publish_commit_inside("lw0", 0); /* its row is locked: the whole transaction times out */
+    publish_commit_inside("ok1", 0);
+    locker = harness_db_open(&F.h);
+    locker_sql("START TRANSACTION");
+    locker_sql("SELECT status FROM orders WHERE order_id = 'lw0' FOR UPDATE");
+    start();
+    cr_assert(harness_wait_log(&F.h, "batch of 3 messages rolled back as a whole", 1, DEADLINE_MS));
+    /* Alone, the others go through at once; only lw0, whose own lock wait timed out again, is
+     * charged a retry. */
+    expect_only_outcome("ok0", "PAY", "processed");
+    expect_only_outcome("ok1", "PAY", "processed");
+    json_decref(wait_first_outcome("lw0", "PAY", "retried"));
+    locker_sql("ROLLBACK");
+    mysql_close(locker);
+    locker = NULL;
+    cr_assert(harness_wait_scalar(&F.h, 3, DEADLINE_MS, "SELECT COUNT(*) FROM msg_dedup"));
+    cr_assert(harness_wait_log(&F.h, "processed after 1 retries", 1, DEADLINE_MS));
+    harness_stop_idemq(&F.daemon);
+    cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM ledger"), 3,
+                 "one ledger row per message: the effects of the rolled-back batch are gone");
+    cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(DISTINCT biz_key) FROM ledger"), 3);
+    cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), 3);
 }
 
 /* ------------------------------------------------------------------ kill -9 after COMMIT */
