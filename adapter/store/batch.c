@@ -228,6 +228,7 @@ static MYSQL_STMT *prepared(store_session *s, store_batch_state *b, MYSQL_STMT *
     char *sql = malloc(cap);
     if (!sql) {
         snprintf(b->error, sizeof b->error, "out of memory");
+        b->mysql_errno = 0;
         return NULL;
     }
     size_t len = (size_t)snprintf(sql, cap, "%s", head);

@@ -217,8 +217,7 @@ static void fail(worker *wk, const char *what, unsigned int number, const char *
     die(what, text);
 }
 
-#define FAIL_STMT(wk, what, stmt)                                                                 \
-    fail(wk, what, mysql_stmt_errno(stmt), mysql_stmt_error(stmt))
+#define FAIL_STMT(wk, what, stmt) fail(wk, what, mysql_stmt_errno(stmt), mysql_stmt_error(stmt))
 
 static MYSQL_STMT *prepare(MYSQL *db, const char *sql)
 {

@@ -21,19 +21,19 @@
 #define BENCH_DATABASE "idemq_bench"
 
 typedef struct bench_event {
-    int order;  /* orders.order_id is "b<order>" */
-    int copy;   /* 0: the original; 1: a duplicate of it */
+    int order; /* orders.order_id is "b<order>" */
+    int copy;  /* 0: the original; 1: a duplicate of it */
 } bench_event;
 
 typedef struct bench_workload {
     bench_event *events;
-    int count;   /* events, duplicates included */
-    int orders;  /* distinct orders (= distinct biz_keys) */
+    int count;  /* events, duplicates included */
+    int orders; /* distinct orders (= distinct biz_keys) */
 } bench_workload;
 
 /* The transaction shapes bench_db_run can measure (see bench_db.c for each one's statements). */
 typedef enum bench_shape {
-    BENCH_SHAPE_PER_MESSAGE = 0, /* one transaction per message: idemq at mysql.batch 1 */
+    BENCH_SHAPE_PER_MESSAGE = 0,   /* one transaction per message: idemq at mysql.batch 1 */
     BENCH_SHAPE_SAVEPOINT_GUARDED, /* batch; per message SAVEPOINT, INSERT, UPDATE, RELEASE */
     BENCH_SHAPE_SAVEPOINT,         /* batch; per message SAVEPOINT, INSERT, UPDATE */
     BENCH_SHAPE_SET_BASED,         /* batch; per message INSERT; one locked read, one UPDATE */

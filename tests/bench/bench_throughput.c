@@ -46,8 +46,8 @@
 #define LIGHT_MESSAGES 600
 #define HEAVY_SECONDS 5
 
-static int messages = 20000, runs = 1, workers = 4, batch = CONFIG_DEFAULT_BATCH,
-           prefetch = 1000, linger_ms = -1;
+static int messages = 20000, runs = 1, workers = 4, batch = CONFIG_DEFAULT_BATCH, prefetch = 1000,
+           linger_ms = -1;
 static int shapes;
 static db_dsn dsn;
 static bench_workload workload;
@@ -80,8 +80,8 @@ static amqp_connection_state_t amqp_open(int confirms, unsigned qos)
 {
     amqp_connection_state_t conn;
     char err[512];
-    broker_open_options o = {.url = getenv("IDEMQ_TEST_AMQP_URL"), .confirms = confirms,
-                             .prefetch = qos};
+    broker_open_options o = {
+        .url = getenv("IDEMQ_TEST_AMQP_URL"), .confirms = confirms, .prefetch = qos};
     if (broker_open(&o, &conn, err, sizeof err) != 0)
         die("amqp", err);
     return conn;
@@ -143,8 +143,8 @@ static double run_broker_baseline(void)
     preload(QUEUE_RAW);
     amqp_connection_state_t conn = amqp_open(0, (unsigned)prefetch);
     double start = now_s();
-    amqp_basic_consume(conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), amqp_empty_bytes, 0,
-                       0, 0, amqp_empty_table);
+    amqp_basic_consume(conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), amqp_empty_bytes, 0, 0,
+                       0, amqp_empty_table);
     if (amqp_get_rpc_reply(conn).reply_type != AMQP_RESPONSE_NORMAL)
         die("consume", QUEUE_RAW);
     for (int i = 0; i < workload.count; i++) {
@@ -300,7 +300,8 @@ static void measure_latency(latency_run *lr)
             next += lr->sample_every;
         }
         if (pending_count > 0) {
-            size_t n = (size_t)snprintf(sql, cap, "SELECT biz_key FROM msg_dedup WHERE biz_key IN (");
+            size_t n =
+                (size_t)snprintf(sql, cap, "SELECT biz_key FROM msg_dedup WHERE biz_key IN (");
             for (int i = 0; i < pending_count; i++)
                 n += (size_t)snprintf(sql + n, cap - n, "%s'order_id:%c%d:PAY_SUCCESS'",
                                       i ? "," : "", lr->prefix, pending[i]);
@@ -385,16 +386,16 @@ static idemq_result run_idemq(int run_batch, bool latency)
     r.rate = workload.count / (now_s() - start);
     r.rss_mib = peak_rss_mib(pid);
     if (latency) {
-        r.light = (latency_run){.prefix = 'l', .count = LIGHT_MESSAGES, .rate = LIGHT_RATE,
-                                .sample_every = 1};
+        r.light = (latency_run){
+            .prefix = 'l', .count = LIGHT_MESSAGES, .rate = LIGHT_RATE, .sample_every = 1};
         measure_latency(&r.light);
         r.live_rate = live_rate(db);
         double rate = 0.9 * r.live_rate;
         heavy_count = (int)(rate * HEAVY_SECONDS);
         if (heavy_count > workload.count)
             heavy_count = workload.count;
-        r.heavy = (latency_run){.prefix = 'h', .count = heavy_count, .rate = rate,
-                                .sample_every = 10};
+        r.heavy =
+            (latency_run){.prefix = 'h', .count = heavy_count, .rate = rate, .sample_every = 10};
         measure_latency(&r.heavy);
         double peak = peak_rss_mib(pid);
         if (peak > r.rss_mib)
@@ -505,8 +506,9 @@ int main(int argc, char **argv)
            m, d1);
     printf("db       batched, %4d per transaction             %s%7.0f msg/s   idemq's statements "
            "(%s)\n",
-           batch, m, db, batched == BENCH_SHAPE_RETURNING ? "set-based, INSERT … RETURNING"
-                                                          : "set-based, one INSERT each");
+           batch, m, db,
+           batched == BENCH_SHAPE_RETURNING ? "set-based, INSERT … RETURNING"
+                                            : "set-based, one INSERT each");
     printf("idemq    mysql.batch 1                             %s%7.0f msg/s   peak RSS %.1f MiB\n",
            m, i1, rss_one);
     printf("idemq    mysql.batch %-4d                          %s%7.0f msg/s   peak RSS %.1f MiB "

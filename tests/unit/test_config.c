@@ -2190,8 +2190,9 @@ Test(config, a_batch_that_workers_times_batch_would_push_past_the_prefetch_is_re
 {
     result r = load_slots("prefetch: 64", "batch: 32", NULL, NULL, NULL);
     cr_assert_lt(r.rc, 0);
-    assert_error(r, LINE_M, "mysql.batch: 4 workers × batch 32 = 128 messages exceed "
-                            "amqp.prefetch 64");
+    assert_error(r, LINE_M,
+                 "mysql.batch: 4 workers × batch 32 = 128 messages exceed "
+                 "amqp.prefetch 64");
     assert_error(r, LINE_M, "raise amqp.prefetch to at least 128 or lower mysql.batch to 16");
     result_free(&r);
     r = load_slots("prefetch: 256", "batch: 64", NULL, NULL, NULL);
