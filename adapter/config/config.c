@@ -248,6 +248,7 @@ int config_load(const char *path, FILE *errors, config **out)
     config_walk_table(&ctx, config_top_table, root, cfg, "", config_node_line(root));
     config_finish_amqp_urls(&ctx, root, cfg);
     config_validate_amqp_tls(&ctx, cfg, root);
+    config_validate_batch(&ctx, root, cfg);
     config_load_secrets(&ctx, root, cfg);
     config_validate_mysql_tls(&ctx, root, cfg);
 out:

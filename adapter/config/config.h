@@ -157,6 +157,12 @@ typedef struct config_dedup {
     unsigned batch;         /* rows per DELETE (one commit each), 1..100000, default 1000 */
 } config_dedup;
 
+/* mysql.batch: the largest and the default number of messages in one transaction, and the
+ * longest linger (store.h says how a worker fills a batch). */
+#define CONFIG_MAX_BATCH 1024
+#define CONFIG_DEFAULT_BATCH 32
+#define CONFIG_MAX_BATCH_LINGER_MS 50
+
 /* Broker nodes of one cluster in amqp.urls. */
 #define CONFIG_MAX_AMQP_URLS 16
 /* amqp.tls: how an amqps:// connection checks the broker and which client certificate it shows
@@ -203,6 +209,12 @@ typedef struct config {
     /* mysql */
     char *mysql_url;
     unsigned workers;       /* 1..256, default 4 */
+    unsigned batch;         /* mysql.batch: messages per transaction, 1..CONFIG_MAX_BATCH. The
+                             * default (CONFIG_DEFAULT_BATCH) is lowered to prefetch / workers
+                             * (at least 1) when that is smaller; a value given in the file
+                             * must fit: workers × batch <= prefetch (config_load refuses it) */
+    unsigned batch_linger_ms; /* mysql.batch_linger_ms: how long a worker holding a partial
+                               * batch waits for more, 0..CONFIG_MAX_BATCH_LINGER_MS, default 1 */
     /* log */
     config_log_level log_level;
     /* http (used by the ops endpoint) */

@@ -22,6 +22,10 @@
 
 _Static_assert(sizeof(config_log_level) == sizeof(int), "enums are stored as int");
 
+/* A number as the text of a default, so the table and config.h cannot disagree. */
+#define DECIMAL_TEXT(n) #n
+#define DECIMAL(n) DECIMAL_TEXT(n)
+
 static int check_mysql_url(const char *text, char *why, size_t why_len)
 {
     static const char *const schemes[] = {"mysql", NULL};
@@ -146,6 +150,15 @@ static const opt mysql_table[] = {
      .help = "database URL, mysql://user:password@host:port/db[?socket=/path]"},
     {.name = "workers", .type = OPT_UINT, .offset = offsetof(config, workers), .min = 1,
      .max = 256, .def = "4", .help = "database worker threads, one connection each"},
+    {.name = "batch", .type = OPT_UINT, .offset = offsetof(config, batch), .min = 1,
+     .max = CONFIG_MAX_BATCH, .def = DECIMAL(CONFIG_DEFAULT_BATCH),
+     .help = "messages a worker applies in one transaction, each keeping its own outcome; "
+             "workers × batch must not exceed amqp.prefetch (the default is lowered to "
+             "prefetch / workers when it would); 1 is one transaction per message"},
+    {.name = "batch_linger_ms", .type = OPT_UINT, .offset = offsetof(config, batch_linger_ms),
+     .min = 0, .max = CONFIG_MAX_BATCH_LINGER_MS, .def = "1",
+     .help = "milliseconds a worker with a partial batch waits for more messages while every "
+             "other worker is busy; 0 never waits"},
     {.name = "password_file", .type = OPT_STRING, .offset = offsetof(config, mysql_password_file),
      .env = "IDEMQ_MYSQL_PASSWORD_FILE", .check = config_check_secret_path,
      .help = "file holding the database password (as is, one trailing newline stripped); "
@@ -210,6 +223,29 @@ static unsigned long key_line(load_ctx *ctx, const yaml_node_t *map, const char 
             return config_node_line(key);
     }
     return 0;
+}
+
+void config_validate_batch(load_ctx *ctx, yaml_node_t *root, config *cfg)
+{
+    yaml_node_t *mysql = config_mapping_get(ctx, root, "mysql");
+    unsigned long long in_flight = (unsigned long long)cfg->workers * cfg->batch;
+
+    if (cfg->workers == 0 || cfg->batch == 0 || cfg->prefetch == 0)
+        return; /* out of range: already reported */
+    if (in_flight <= cfg->prefetch)
+        return;
+    if (!config_mapping_get(ctx, mysql, "batch")) {
+        /* The default: a batch larger than a worker's share of the prefetch could never fill,
+         * and a worker would only linger for messages the broker will not send. */
+        cfg->batch = cfg->prefetch / cfg->workers ? cfg->prefetch / cfg->workers : 1;
+        return;
+    }
+    config_report(ctx, key_line(ctx, mysql, "batch"),
+                  "mysql.batch: %u workers × batch %u = %llu messages exceed amqp.prefetch %u: the "
+                  "broker never has that many in flight, so batches could not fill; raise "
+                  "amqp.prefetch to at least %llu or lower mysql.batch to %u",
+                  cfg->workers, cfg->batch, in_flight, cfg->prefetch, in_flight,
+                  cfg->prefetch / cfg->workers ? cfg->prefetch / cfg->workers : 1);
 }
 
 void config_validate_amqp_tls(load_ctx *ctx, const config *cfg, yaml_node_t *root)

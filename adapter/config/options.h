@@ -21,4 +21,9 @@ extern const opt config_top_table[];
  * would silently ignore it. root is the document's top mapping (borrowed). Reports into ctx. */
 void config_validate_amqp_tls(load_ctx *ctx, const struct config *cfg, yaml_node_t *root);
 
+/* After the whole walk: mysql.batch against amqp.prefetch. A batch given in the file must fit
+ * (workers × batch <= prefetch) or is reported at its line; the default is lowered to prefetch /
+ * workers (at least 1) instead. root is the document's top mapping (borrowed). */
+void config_validate_batch(load_ctx *ctx, yaml_node_t *root, struct config *cfg);
+
 #endif

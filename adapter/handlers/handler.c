@@ -24,6 +24,19 @@ apply_status handler_apply(handler_call *call)
     return APPLY_NON_RETRYABLE;
 }
 
+bool handler_has_batch_path(const config_consumer *consumer)
+{
+    return consumer->handler.type == CONFIG_HANDLER_STATE_MACHINE;
+}
+
+apply_status handler_apply_batch(handler_call *call, handler_batch_item *items, size_t n)
+{
+    if (call->consumer->handler.type == CONFIG_HANDLER_STATE_MACHINE)
+        return state_machine_apply_batch(call, items, n);
+    snprintf(call->error, call->error_len, "handler type has no batch path");
+    return APPLY_RETRYABLE;
+}
+
 apply_status handler_prepare_all(handler_call *call)
 {
     switch (call->consumer->handler.type) {

@@ -10,6 +10,11 @@
  * (handlers/state_machine.h), sql (handlers/sql.h) and plugin (handlers/plugin.h). They talk to
  * MySQL through db/ only; nothing here knows the store.
  *
+ * Batches: the store may apply many messages of one consumer in one transaction. A handler with
+ * a set-based path (handler_has_batch_path: the state machine) gets them all at once through
+ * handler_apply_batch and runs a few statements for the whole batch; the others (sql, plugin)
+ * are called once per message through handler_apply, each between savepoints of the store.
+ *
  * Errors: apply and prepare functions return an apply_status: APPLY_CONTINUE when the step
  * succeeded, APPLY_STATE_NOOP for an idempotent success, otherwise the failure with its reason
  * in call->error (and call->mysql_errno when a MySQL error decided it).
@@ -19,6 +24,7 @@
 #define IDEMQ_HANDLER_H
 
 #include <mysql.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "config/config.h"
@@ -45,7 +51,48 @@ typedef struct handler_call {
     unsigned int mysql_errno;           /* set when a MySQL error decided the status */
     const void *body;                   /* borrowed raw message body; may be NULL */
     size_t body_len;
+    unsigned batch_max;                 /* handler_apply_batch: the most items it is given on
+                                         * this connection (sizes per-connection scratch) */
 } handler_call;
+
+/* Multi-row statements are prepared once per power-of-two row count and padded by repeating
+ * the last row, so a connection holds a handful of them: 1, 2, 4, ... 1024 (CONFIG_MAX_BATCH). */
+#define HANDLER_BATCH_SIZE_CLASSES 11
+
+/* The size class of n rows (1 <= n <= 1024), with its padded row count in *padded. */
+static inline size_t handler_batch_size_class(size_t n, size_t *padded)
+{
+    size_t c = 0, size = 1;
+    while (size < n)
+        size <<= 1, c++;
+    *padded = size;
+    return c;
+}
+
+/* One message of handler_apply_batch. */
+typedef struct handler_batch_item {
+    const envelope *env;       /* borrowed */
+    apply_status status;       /* out: APPLY_CONTINUE (applied), APPLY_STATE_NOOP, or the
+                                * message's own failure with its reason in error */
+    unsigned int mysql_errno;  /* out: set when a MySQL error decided status */
+    char *error;               /* borrowed buffer of error_len bytes */
+    size_t error_len;
+} handler_batch_item;
+
+/* Whether the consumer's handler has a set-based path (handler_apply_batch). */
+bool handler_has_batch_path(const config_consumer *consumer);
+
+/*
+ * Applies items[0..n) (1 <= n <= call->batch_max) inside the open transaction, whose dedup rows
+ * are already inserted, with the same result for each as handler_apply would give running them
+ * one after another in that order. call->env, body and body_len are unused. Never commits or
+ * rolls back. Returns APPLY_CONTINUE when every item has its status (its failure included: the
+ * caller removes the failed items' dedup rows); otherwise the batch failed as a whole — a
+ * statement error, or a case the set-based path does not decide — with the reason in
+ * call->error, the statuses of the items meaningless, and the caller rolls back (and runs the
+ * messages one by one).
+ */
+apply_status handler_apply_batch(handler_call *call, handler_batch_item *items, size_t n);
 
 /* Runs the consumer's handler. Never commits or rolls back. */
 apply_status handler_apply(handler_call *call);

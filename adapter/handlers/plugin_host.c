@@ -217,13 +217,10 @@ static int host_exec(idemq_tx *tx, const char *sql, const idemq_value *params, s
     if (mysql_stmt_param_count(stmt) != param_count)
         return exec_fail(out, 0, NULL, "the statement has %lu parameters, %zu were given",
                          (unsigned long)mysql_stmt_param_count(stmt), param_count);
-    if (param_count) {
-        binds = calloc(param_count, sizeof *binds);
-        slots = calloc(param_count, sizeof *slots);
-        if (!binds || !slots) {
-            exec_fail(out, 0, NULL, "out of memory binding parameters");
-            goto out;
-        }
+    if (param_count &&
+        plugin_statements_binds(tx->statements, param_count, &binds, &slots) != 0) {
+        exec_fail(out, 0, NULL, "out of memory binding parameters");
+        goto out;
     }
     for (size_t i = 0; i < param_count; i++)
         if (bind_value(&binds[i], &slots[i], &params[i], i, out) != 0)
@@ -250,8 +247,6 @@ static int host_exec(idemq_tx *tx, const char *sql, const idemq_value *params, s
     }
     rc = 0;
 out:
-    free(binds);
-    free(slots);
     return rc;
 }
 

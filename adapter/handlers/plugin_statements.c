@@ -19,6 +19,9 @@ typedef struct cached_stmt {
 struct plugin_statements {
     cached_stmt cache[PLUGIN_STATEMENTS_MAX];
     uint64_t tick;
+    MYSQL_BIND *binds;
+    db_bind_slot *slots;
+    size_t bind_cap;
 };
 
 plugin_statements *plugin_statements_new(void)
@@ -35,7 +38,32 @@ void plugin_statements_free(plugin_statements *cache)
             mysql_stmt_close(cache->cache[i].stmt);
         free(cache->cache[i].sql);
     }
+    free(cache->binds);
+    free(cache->slots);
     free(cache);
+}
+
+int plugin_statements_binds(plugin_statements *cache, size_t count, MYSQL_BIND **binds,
+                            db_bind_slot **slots)
+{
+    if (count > cache->bind_cap) {
+        MYSQL_BIND *b = calloc(count, sizeof *b);
+        db_bind_slot *sl = calloc(count, sizeof *sl);
+        if (!b || !sl) {
+            free(b);
+            free(sl);
+            return -ENOMEM;
+        }
+        free(cache->binds);
+        free(cache->slots);
+        cache->binds = b;
+        cache->slots = sl;
+        cache->bind_cap = count;
+    }
+    memset(cache->slots, 0, count * sizeof *cache->slots);
+    *binds = cache->binds;
+    *slots = cache->slots;
+    return 0;
 }
 
 int plugin_statements_get(plugin_statements *cache, MYSQL *db, const char *sql, MYSQL_STMT **out,

@@ -1,7 +1,8 @@
 /*
  * plugin_statements — one worker's cache of the statements plugins ran through exec(): up to
  * PLUGIN_STATEMENTS_MAX prepared statements on that worker's connection, keyed by their SQL
- * text, the least recently used one closed to make room.
+ * text, the least recently used one closed to make room; and the parameter arrays exec() binds
+ * them with, grown to the widest statement seen, so a message allocates nothing for them.
  * Errors: plugin_statements_get returns 0 or a negative code (below), as db_prepare does.
  * Thread affinity: the DB worker that owns the connection.
  */
@@ -10,6 +11,7 @@
 
 #include <mysql.h>
 
+#include "db/bind.h"
 #include "db/error.h"
 
 #define PLUGIN_STATEMENTS_MAX 32
@@ -30,5 +32,10 @@ void plugin_statements_free(plugin_statements *cache);
  */
 int plugin_statements_get(plugin_statements *cache, MYSQL *db, const char *sql, MYSQL_STMT **out,
                           db_error *error);
+
+/* Parameter scratch for count parameters (count >= 1), owned by the cache and valid until the
+ * next call: *binds and *slots (slots zeroed). Returns 0, or -ENOMEM. */
+int plugin_statements_binds(plugin_statements *cache, size_t count, MYSQL_BIND **binds,
+                            db_bind_slot **slots);
 
 #endif

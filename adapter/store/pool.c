@@ -1,13 +1,24 @@
 /*
- * pool — DB worker threads and their job queues. See store.h.
+ * pool — DB worker threads and their job queue. See store.h.
  *
- * Jobs travel loop → worker through a mutex/condvar queue and worker → loop through a second list
- * and one uv_async_t (async sends coalesce, so the callback drains the whole list). Each worker
- * owns one session (store/session.h): its MySQL connection and the statements prepared on it.
+ * Jobs travel loop → worker through one mutex/condvar queue and worker → loop through a second
+ * list and one uv_async_t (async sends coalesce, so the callback drains the whole list). Each
+ * worker owns one session (store/session.h): its MySQL connection and the statements prepared on
+ * it, and a batch array of cfg->batch job pointers.
+ *
+ * Forming batches. store_submit only queues; a uv_prepare handle, which runs before the loop
+ * next waits for I/O, wakes as many idle workers as the queue fills batches. A worker takes the
+ * oldest job and, when it is an APPLY job, every queued APPLY job of the same consumer up to
+ * cfg->batch (jobs of other consumers stay queued, in order, for the next worker). When the batch
+ * is partial and every other worker is busy — the database is the bottleneck, so a fuller
+ * transaction is worth a millisecond — it lingers up to cfg->batch_linger_ms, taking what
+ * arrives; jobs submitted meanwhile wake the lingering worker rather than an idle one. With a
+ * worker idle nothing waits: a lone message at low load runs at once.
  */
 #include "store/store.h"
 
 #include <mysql.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -18,6 +29,7 @@
 #include "db/dsn.h"
 #include "db/error.h"
 #include "handlers/handler.h"
+#include "store/batch.h"
 #include "store/session.h"
 #include "store/transaction.h"
 
@@ -25,21 +37,32 @@ typedef struct store_worker {
     store_pool *pool;
     uv_thread_t thread;
     store_session session;
+    store_job **batch; /* cfg->batch slots: the jobs of the transaction being run */
 } store_worker;
 
 struct store_pool {
     const config *cfg;
     db_dsn dsn;
     uv_async_t results_ready;
+    uv_prepare_t wake;                    /* loop thread: wakes workers once per loop turn */
+    bool wake_armed;                      /* loop thread only */
     uv_mutex_t lock;
-    uv_cond_t work_available;
+    uv_cond_t work_available;             /* idle workers wait here */
+    uv_cond_t batch_grew;                 /* a lingering worker waits here */
     store_job *queue_head, *queue_tail;   /* guarded by lock */
+    size_t queued;                        /* guarded by lock: jobs in the queue */
+    unsigned idle;                        /* guarded by lock: workers waiting for work */
+    unsigned running;                     /* guarded by lock: workers running jobs */
+    unsigned lingering;                   /* guarded by lock: workers filling a batch */
     store_job *done_head, *done_tail;     /* guarded by lock */
     bool stopping;                        /* guarded by lock */
     /* Set when a worker finds the database unreachable, cleared by a successful connect. While
      * set, APPLY jobs fail fast instead of each waiting for a connect timeout. */
     atomic_bool database_down;
     size_t pending;                       /* loop thread only */
+    unsigned batch_max;
+    uint64_t linger_ns;
+    atomic_long commits_until_kill;       /* IDEMQ_TEST_KILL_AFTER_COMMITS; 0: never */
     store_worker *workers;
     size_t worker_count;
     size_t sessions_initialised;          /* sessions to close (may exceed workers started) */
@@ -84,22 +107,109 @@ static apply_status check_database(store_worker *w, store_job *job)
     return APPLY_COMMITTED;
 }
 
-static void run_job(store_worker *w, store_job *job)
+/* The test-only crash between a batch's COMMIT and its acks (store.h). */
+static void maybe_kill_after_commit(store_pool *pool, store_job **jobs, size_t n)
 {
+    if (n < 2 || atomic_load(&pool->commits_until_kill) <= 0)
+        return;
+    bool committed = false;
+    for (size_t i = 0; i < n; i++)
+        committed |= jobs[i]->status == APPLY_COMMITTED || jobs[i]->status == APPLY_STATE_NOOP;
+    if (committed && atomic_fetch_sub(&pool->commits_until_kill, 1) == 1)
+        raise(SIGKILL);
+}
+
+/* Runs the n jobs in w->batch: one PING or PROBE, or APPLY jobs of one consumer. */
+static void run_jobs(store_worker *w, size_t n)
+{
+    store_job **jobs = w->batch;
+    store_job *first = jobs[0];
     uint64_t started = now_ns();
-    job->error[0] = '\0';
-    job->mysql_errno = 0;
-    if (!worker_connect(w, job))
-        job->status = APPLY_UNAVAILABLE;
-    else if (job->kind == STORE_JOB_PING || job->kind == STORE_JOB_PROBE)
-        job->status = check_database(w, job);
-    else
-        job->status = store_transaction_run(&w->session, job);
-    if (job->status == APPLY_UNAVAILABLE) {
+    for (size_t i = 0; i < n; i++) {
+        jobs[i]->error[0] = '\0';
+        jobs[i]->mysql_errno = 0;
+    }
+    bool unavailable;
+    if (!worker_connect(w, first)) {
+        for (size_t i = 0; i < n; i++) {
+            jobs[i]->status = APPLY_UNAVAILABLE;
+            if (i > 0) {
+                jobs[i]->mysql_errno = first->mysql_errno;
+                memcpy(jobs[i]->error, first->error, sizeof jobs[i]->error);
+            }
+        }
+        unavailable = true;
+    } else if (first->kind == STORE_JOB_PING || first->kind == STORE_JOB_PROBE) {
+        first->status = check_database(w, first);
+        unavailable = first->status == APPLY_UNAVAILABLE;
+    } else {
+        unavailable = store_batch_run(&w->session, jobs, n) != 0;
+        maybe_kill_after_commit(w->pool, jobs, n);
+    }
+    if (unavailable) {
         store_session_disconnect(&w->session);
         atomic_store(&w->pool->database_down, true);
     }
-    job->duration_ns = now_ns() - started;
+    /* Every job of a batch waited for the same COMMIT: each reports the batch's duration. */
+    uint64_t duration = now_ns() - started;
+    for (size_t i = 0; i < n; i++)
+        jobs[i]->duration_ns = duration;
+}
+
+/* Moves queued APPLY jobs of consumer (lock held) into w->batch from slot n until it is full.
+ * Returns the new count. */
+static size_t take_more(store_pool *pool, store_worker *w, size_t n, size_t consumer)
+{
+    store_job *prev = NULL, *job = pool->queue_head;
+    while (job && n < pool->batch_max) {
+        store_job *next = job->next;
+        if (job->kind == STORE_JOB_APPLY && job->consumer_index == consumer) {
+            if (prev)
+                prev->next = next;
+            else
+                pool->queue_head = next;
+            if (pool->queue_tail == job)
+                pool->queue_tail = prev;
+            job->next = NULL;
+            w->batch[n++] = job;
+            pool->queued--;
+        } else {
+            prev = job;
+        }
+        job = next;
+    }
+    return n;
+}
+
+/* Takes the next batch (lock held, queue not empty): the oldest job, and with an APPLY job the
+ * queued APPLY jobs of its consumer, lingering for more while every other worker is busy. */
+static size_t take_batch(store_pool *pool, store_worker *w)
+{
+    store_job *job = pool->queue_head;
+    pool->queue_head = job->next;
+    if (!pool->queue_head)
+        pool->queue_tail = NULL;
+    pool->queued--;
+    job->next = NULL;
+    w->batch[0] = job;
+    if (job->kind != STORE_JOB_APPLY || pool->batch_max == 1)
+        return 1;
+    size_t n = take_more(pool, w, 1, job->consumer_index);
+    if (n < pool->batch_max && pool->linger_ns > 0 && pool->running >= pool->worker_count) {
+        uint64_t deadline = now_ns() + pool->linger_ns;
+        pool->lingering++;
+        while (n < pool->batch_max && !pool->stopping) {
+            uint64_t now = now_ns();
+            if (now >= deadline)
+                break;
+            int rc = uv_cond_timedwait(&pool->batch_grew, &pool->lock, deadline - now);
+            n = take_more(pool, w, n, job->consumer_index);
+            if (rc == UV_ETIMEDOUT)
+                break;
+        }
+        pool->lingering--;
+    }
+    return n;
 }
 
 static void worker_main(void *arg)
@@ -107,32 +217,39 @@ static void worker_main(void *arg)
     store_worker *w = arg;
     store_pool *pool = w->pool;
     mysql_thread_init();
+    uv_mutex_lock(&pool->lock);
     for (;;) {
-        uv_mutex_lock(&pool->lock);
-        while (!pool->queue_head && !pool->stopping)
+        while (!pool->queue_head && !pool->stopping) {
+            pool->idle++;
             uv_cond_wait(&pool->work_available, &pool->lock);
-        store_job *job = pool->queue_head;
-        if (job) {
-            pool->queue_head = job->next;
-            if (!pool->queue_head)
-                pool->queue_tail = NULL;
+            pool->idle--;
+        }
+        if (!pool->queue_head)
+            break; /* stopping and the queue is empty */
+        pool->running++;
+        size_t n = take_batch(pool, w);
+        if (pool->queue_head && pool->idle)
+            uv_cond_signal(&pool->work_available); /* more than this batch: share it */
+        uv_mutex_unlock(&pool->lock);
+
+        run_jobs(w, n);
+
+        uv_mutex_lock(&pool->lock);
+        pool->running--;
+        for (size_t i = 0; i < n; i++) {
+            store_job *job = w->batch[i];
+            job->next = NULL;
+            if (pool->done_tail)
+                pool->done_tail->next = job;
+            else
+                pool->done_head = job;
+            pool->done_tail = job;
         }
         uv_mutex_unlock(&pool->lock);
-        if (!job)
-            break; /* stopping and the queue is empty */
-
-        run_job(w, job);
-
-        job->next = NULL;
-        uv_mutex_lock(&pool->lock);
-        if (pool->done_tail)
-            pool->done_tail->next = job;
-        else
-            pool->done_head = job;
-        pool->done_tail = job;
-        uv_mutex_unlock(&pool->lock);
         uv_async_send(&pool->results_ready);
+        uv_mutex_lock(&pool->lock);
     }
+    uv_mutex_unlock(&pool->lock);
     store_session_disconnect(&w->session);
     mysql_thread_end();
 }
@@ -157,19 +274,49 @@ static void on_results_ready(uv_async_t *handle)
     deliver_results(handle->data);
 }
 
+/* Before the loop waits for I/O: wake the workers this turn's jobs need, once. */
+static void on_wake(uv_prepare_t *handle)
+{
+    store_pool *pool = handle->data;
+    uv_prepare_stop(handle);
+    pool->wake_armed = false;
+    uv_mutex_lock(&pool->lock);
+    if (pool->lingering)
+        uv_cond_broadcast(&pool->batch_grew);
+    size_t batches = (pool->queued + pool->batch_max - 1) / pool->batch_max;
+    for (size_t i = 0; i < batches && i < pool->idle; i++)
+        uv_cond_signal(&pool->work_available);
+    uv_mutex_unlock(&pool->lock);
+}
+
 static void free_pool_memory(store_pool *pool)
 {
     for (size_t i = 0; i < pool->sessions_initialised; i++)
         store_session_close(&pool->workers[i].session);
+    for (size_t i = 0; pool->workers && i < pool->cfg->workers; i++)
+        free(pool->workers[i].batch);
     free(pool->workers);
+    uv_cond_destroy(&pool->batch_grew);
     uv_cond_destroy(&pool->work_available);
     uv_mutex_destroy(&pool->lock);
     free(pool);
 }
 
-static void on_async_closed(uv_handle_t *handle)
+static void on_handle_closed(uv_handle_t *handle)
 {
-    free_pool_memory(handle->data);
+    store_pool *pool = handle->data;
+    /* Both handles point at the pool; the second to close frees it. */
+    if (handle == (uv_handle_t *)&pool->wake)
+        uv_close((uv_handle_t *)&pool->results_ready, on_handle_closed);
+    else
+        free_pool_memory(pool);
+}
+
+static long kill_after_commits(void)
+{
+    const char *text = getenv("IDEMQ_TEST_KILL_AFTER_COMMITS");
+    long n = text ? strtol(text, NULL, 10) : 0;
+    return n > 0 ? n : 0;
 }
 
 int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *err,
@@ -187,21 +334,29 @@ int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *e
         free(pool);
         return -1;
     }
+    pool->batch_max = cfg->batch ? cfg->batch : 1;
+    pool->linger_ns = (uint64_t)cfg->batch_linger_ms * 1000000u;
+    atomic_init(&pool->commits_until_kill, kill_after_commits());
     uv_mutex_init(&pool->lock);
     uv_cond_init(&pool->work_available);
+    uv_cond_init(&pool->batch_grew);
     pool->worker_count = cfg->workers;
     pool->workers = calloc(pool->worker_count, sizeof *pool->workers);
     if (!pool->workers)
         goto fail;
     for (size_t i = 0; i < pool->worker_count; i++) {
-        pool->workers[i].pool = pool;
-        if (store_session_init(&pool->workers[i].session, cfg) != 0)
+        store_worker *w = &pool->workers[i];
+        w->pool = pool;
+        w->batch = calloc(pool->batch_max, sizeof *w->batch);
+        if (!w->batch || store_session_init(&w->session, cfg) != 0)
             goto fail;
         pool->sessions_initialised = i + 1;
     }
     if (uv_async_init(loop, &pool->results_ready, on_results_ready) != 0)
         goto fail;
     pool->results_ready.data = pool;
+    uv_prepare_init(loop, &pool->wake);
+    pool->wake.data = pool;
     for (size_t i = 0; i < pool->worker_count; i++) {
         int rc = uv_thread_create(&pool->workers[i].thread, worker_main, &pool->workers[i]);
         if (rc != 0) {
@@ -232,9 +387,13 @@ int store_submit(store_pool *pool, store_job *job)
     else
         pool->queue_head = job;
     pool->queue_tail = job;
-    uv_cond_signal(&pool->work_available);
+    pool->queued++;
     uv_mutex_unlock(&pool->lock);
     pool->pending++;
+    if (!pool->wake_armed) {
+        pool->wake_armed = true;
+        uv_prepare_start(&pool->wake, on_wake);
+    }
     return 0;
 }
 
@@ -250,9 +409,11 @@ void store_pool_free(store_pool *pool)
     uv_mutex_lock(&pool->lock);
     pool->stopping = true;
     uv_cond_broadcast(&pool->work_available);
+    uv_cond_broadcast(&pool->batch_grew);
     uv_mutex_unlock(&pool->lock);
     for (size_t i = 0; i < pool->worker_count; i++)
         uv_thread_join(&pool->workers[i].thread);
     deliver_results(pool);
-    uv_close((uv_handle_t *)&pool->results_ready, on_async_closed);
+    uv_prepare_stop(&pool->wake);
+    uv_close((uv_handle_t *)&pool->wake, on_handle_closed);
 }

@@ -12,6 +12,7 @@
 #include "db/error.h"
 #include "db/prepare.h"
 #include "handlers/handler.h"
+#include "store/batch.h"
 
 static const char dedup_insert_sql[] =
     "INSERT INTO msg_dedup (biz_key, handler_name) VALUES (?, ?)";
@@ -21,7 +22,12 @@ int store_session_init(store_session *s, const config *cfg)
     memset(s, 0, sizeof *s);
     s->cfg = cfg;
     s->handler_states = calloc(cfg->consumer_count, sizeof *s->handler_states);
-    return s->handler_states ? 0 : -1;
+    s->batch = store_batch_state_new(cfg);
+    if (!s->handler_states || !s->batch) {
+        store_session_close(s);
+        return -1;
+    }
+    return 0;
 }
 
 void store_session_close(store_session *s)
@@ -29,15 +35,23 @@ void store_session_close(store_session *s)
     store_session_disconnect(s);
     free(s->handler_states);
     s->handler_states = NULL;
+    store_batch_state_free(s->batch);
+    s->batch = NULL;
 }
 
 int store_session_connect(store_session *s, const db_dsn *dsn, unsigned *error_number, char *err,
                           size_t err_len)
 {
     *error_number = 0;
+    if (s->db)
+        return 0;
+    s->db = db_connect(dsn, error_number, err, err_len);
     if (!s->db)
-        s->db = db_connect(dsn, error_number, err, err_len);
-    return s->db ? 0 : -1;
+        return -1;
+    const char *info = mysql_get_server_info(s->db);
+    s->returning = mysql_get_server_version(s->db) >= 100500 && info &&
+                   strstr(info, "MariaDB") && !getenv("IDEMQ_TEST_NO_RETURNING");
+    return 0;
 }
 
 void store_session_disconnect(store_session *s)
@@ -50,6 +64,7 @@ void store_session_disconnect(store_session *s)
     if (s->dedup_insert)
         mysql_stmt_close(s->dedup_insert);
     s->dedup_insert = NULL;
+    store_batch_state_disconnect(s->batch);
     if (s->db)
         mysql_close(s->db);
     s->db = NULL;

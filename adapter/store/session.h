@@ -22,11 +22,16 @@
 #include "policy/outcome.h"
 #include "store/store.h"
 
+struct store_batch_state;
+
 typedef struct store_session {
     const config *cfg;          /* borrowed, outlives the session */
     MYSQL *db;                  /* owned; NULL while disconnected */
     MYSQL_STMT *dedup_insert;   /* owned; prepared on first use */
     void **handler_states;      /* owned array, one per consumer; each entry handler-owned */
+    struct store_batch_state *batch; /* owned: store/batch.h's arrays and statements */
+    bool returning;             /* the server has INSERT … RETURNING (MariaDB 10.5 and later;
+                                 * MySQL has none); set at connect */
 } store_session;
 
 /* Fills caller-owned storage for cfg (borrowed), disconnected. Returns 0, or -1 out of memory
@@ -36,8 +41,10 @@ int store_session_init(store_session *s, const config *cfg);
 /* Disconnects and frees what store_session_init allocated. Safe on zeroed storage. */
 void store_session_close(store_session *s);
 
-/* Connects to dsn (borrowed) unless connected. Returns 0, or -1 with the reason in err and the
- * MySQL error number in *error_number (db_connect). */
+/* Connects to dsn (borrowed) unless connected, and notes whether the server has INSERT …
+ * RETURNING (never with IDEMQ_TEST_NO_RETURNING set: the tests' way to run MySQL's path on
+ * MariaDB). Returns 0, or -1 with the reason in err and the MySQL error number in *error_number
+ * (db_connect). */
 int store_session_connect(store_session *s, const db_dsn *dsn, unsigned *error_number, char *err,
                           size_t err_len);
 

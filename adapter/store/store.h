@@ -1,15 +1,28 @@
 /*
- * store — the DB worker pool: one MySQL session per thread, one transaction per message.
+ * store — the DB worker pool: one MySQL session per thread, many messages per transaction, one
+ * outcome per message.
  *
- * The loop thread submits jobs; a worker takes one, runs it on its session (store/session.h):
- *   APPLY  the message's transaction (store/transaction.h): dedup insert, handler, COMMIT, or
- *          ROLLBACK on anything but success
+ * The loop thread submits one job per message (or check); a worker runs it on its session
+ * (store/session.h):
+ *   APPLY  the message's dedup insert and handler. A worker takes up to cfg->batch queued APPLY
+ *          jobs of one consumer and applies them in one transaction with one COMMIT
+ *          (store/batch.h); each job still gets its own status, exactly as if it had run alone
+ *          (store/transaction.h): a duplicate, an illegal transition or a failed handler of one
+ *          message never rolls back, retries or dead-letters another.
  *   PING   connect if needed, check the server accepts writes (health)
  *   PROBE  PING, and every statement prepares again (the outage probe)
- * and hands the job back to the loop thread through uv_async_send, where on_done runs. A job is
- * "one message = one outcome", so batching later changes only the inside of a worker.
+ * and hands the jobs back to the loop thread through uv_async_send, where on_done runs once per
+ * job, in the order of the batch and after its COMMIT. A batch forms from what is queued when a
+ * worker looks: workers are woken once per loop turn (not once per job), so the messages of one
+ * turn can share a transaction; a worker holding a partial batch while every other worker is
+ * busy waits up to cfg->batch_linger_ms for more. An idle pool runs a lone message at once.
  * Connections are opened lazily and dropped after an infrastructure error; the next job
  * reconnects. msg_dedup's DDL and migration are in store/schema.h.
+ *
+ * Test-only fault injection: with IDEMQ_TEST_KILL_AFTER_COMMITS=N in the environment the process
+ * SIGKILLs itself right after its N-th successful COMMIT of a batch of more than one message,
+ * before any job of that batch is handed back (so none of them is acked): the crash between
+ * COMMIT and the acks that tests/integration/test_batch.c recovers from. Never set it otherwise.
  *
  * Errors: functions that can fail return 0 or -1, with a reason in the caller's err buffer where
  * there is one; a job's result is its status, mysql_errno and error.
@@ -62,8 +75,9 @@ typedef struct store_pool store_pool;
 int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *err,
                    size_t err_len);
 
-/* Queues job (borrowed until its on_done). Returns 0, or -1 when the pool is shutting down
- * (then on_done never runs). */
+/* Queues job (borrowed until its on_done). Workers are woken before the loop next waits for I/O,
+ * so the jobs submitted in one loop turn can share a transaction. Returns 0, or -1 when the pool
+ * is shutting down (then on_done never runs). */
 int store_submit(store_pool *pool, store_job *job);
 
 /* Jobs queued or running, not yet handed back. */

@@ -18,12 +18,6 @@
 static const char dedup_lookup_sql[] =
     "SELECT 1 FROM msg_dedup WHERE biz_key = ? AND handler_name = ?";
 
-/* A savepoint set right after the dedup insert lives exactly as long as idemq's transaction:
- * COMMIT, ROLLBACK, an implicit commit (DDL) or the server's own rollback (deadlock, lock wait
- * with innodb_rollback_on_timeout) all destroy it. Releasing it before COMMIT therefore proves,
- * on MySQL and MariaDB alike, that the dedup row is still pending in the transaction that will
- * commit the business update. Handlers must not use this name (include/idemq/plugin.h). */
-#define TXN_GUARD_SAVEPOINT "idemq_txn_guard"
 
 /* Binds (biz_key, handler_name) as the two parameters of a dedup statement. */
 static void bind_dedup_key(MYSQL_BIND params[2], db_bind_slot slots[2], const char *biz_key,
@@ -33,8 +27,8 @@ static void bind_dedup_key(MYSQL_BIND params[2], db_bind_slot slots[2], const ch
     db_bind_text(&params[1], &slots[1], handler_name);
 }
 
-/* Inserts the dedup row: APPLY_CONTINUE when inserted, APPLY_DUPLICATE, or the failure. */
-static apply_status insert_dedup_row(store_session *s, store_job *job, const char *handler_name)
+apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
+                                            const char *handler_name)
 {
     apply_status status = store_session_prepare_dedup_insert(s, job, false);
     if (status != APPLY_CONTINUE)
@@ -76,23 +70,10 @@ static int dedup_row_committed(store_session *s, const char *biz_key, const char
     return found;
 }
 
-/*
- * Checks the savepoint set after the dedup insert (TXN_GUARD_SAVEPOINT). Returns status
- * unchanged when the transaction is still idemq's; otherwise rolls back whatever runs in its
- * place and returns the status that tells the truth, with the cause in job->error.
- */
-static apply_status verify_transaction(store_session *s, store_job *job, const char *handler_name,
-                                       apply_status status)
+apply_status store_transaction_ended(store_session *s, store_job *job, const char *handler_name,
+                                     apply_status status, bool *committed_out)
 {
-    if (mysql_query(s->db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) == 0)
-        return status;
-    unsigned int error_number = mysql_errno(s->db);
-    if (error_number != ER_SP_DOES_NOT_EXIST) {
-        job->mysql_errno = error_number;
-        snprintf(job->error, sizeof job->error, "checking the transaction: MySQL error %u: %s",
-                 error_number, mysql_error(s->db));
-        return db_error_classify(error_number);
-    }
+    *committed_out = false;
     mysql_rollback(s->db);
     int committed = dedup_row_committed(s, job->env->biz_key, handler_name);
     if (committed < 0) {
@@ -105,6 +86,7 @@ static apply_status verify_transaction(store_session *s, store_job *job, const c
     if (committed) {
         /* Something the handler ran committed the dedup row with part of the effect: a retry
          * would be swallowed as a duplicate, so only a person can put this right. */
+        *committed_out = true;
         snprintf(job->error, sizeof job->error,
                  "the handler ended idemq's transaction with a COMMIT (a CALLed procedure that "
                  "commits, or a statement with an implicit commit such as DDL): the dedup row "
@@ -125,10 +107,31 @@ static apply_status verify_transaction(store_session *s, store_job *job, const c
     return status; /* rolled back and the handler already said why (e.g. 1213) */
 }
 
+/*
+ * Checks the savepoint set after the dedup insert (TXN_GUARD_SAVEPOINT). Returns status
+ * unchanged when the transaction is still idemq's; otherwise rolls back whatever runs in its
+ * place and returns the status that tells the truth, with the cause in job->error.
+ */
+static apply_status verify_transaction(store_session *s, store_job *job, const char *handler_name,
+                                       apply_status status)
+{
+    if (mysql_query(s->db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) == 0)
+        return status;
+    unsigned int error_number = mysql_errno(s->db);
+    if (error_number != ER_SP_DOES_NOT_EXIST) {
+        job->mysql_errno = error_number;
+        snprintf(job->error, sizeof job->error, "checking the transaction: MySQL error %u: %s",
+                 error_number, mysql_error(s->db));
+        return db_error_classify(error_number);
+    }
+    bool committed;
+    return store_transaction_ended(s, job, handler_name, status, &committed);
+}
+
 apply_status store_transaction_run(store_session *s, store_job *job)
 {
     const config_consumer *consumer = &s->cfg->consumers[job->consumer_index];
-    apply_status status = insert_dedup_row(s, job, consumer->handler_name);
+    apply_status status = store_transaction_insert_dedup(s, job, consumer->handler_name);
     if (status != APPLY_CONTINUE) {
         mysql_rollback(s->db);
         return status;

@@ -1,5 +1,6 @@
 /*
- * transaction — one message's transaction on a worker's session:
+ * transaction — one message's transaction on a worker's session (store/batch.h runs many in one
+ * and falls back to this one for each message when a batch cannot finish as a whole):
  *   INSERT INTO msg_dedup(biz_key, handler_name)  (the unique index decides duplicates)
  *   SAVEPOINT idemq_txn_guard
  *   the consumer's handler (same transaction)
@@ -11,12 +12,39 @@
 #ifndef IDEMQ_STORE_TRANSACTION_H
 #define IDEMQ_STORE_TRANSACTION_H
 
+#include <stdbool.h>
+
 #include "policy/outcome.h"
 #include "store/session.h"
 #include "store/store.h"
 
-/* Applies job (an APPLY job, borrowed) on the connected session s (borrowed). Never leaves a
- * transaction open: it ends committed or rolled back. */
+/* A savepoint set in idemq's transaction lives exactly as long as the transaction: COMMIT,
+ * ROLLBACK, an implicit commit (DDL) or the server's own rollback (deadlock, lock wait with
+ * innodb_rollback_on_timeout) all destroy it. Releasing it before COMMIT therefore proves, on
+ * MySQL and MariaDB alike, that the dedup row inserted after it was set (or just before, in the
+ * lone transaction) is still pending in the transaction that will commit the business update.
+ * Handlers must not use this name, nor any beginning with idemq_ (include/idemq/plugin.h). */
+#define TXN_GUARD_SAVEPOINT "idemq_txn_guard"
+
+/* Applies job (an APPLY job, borrowed) on the connected session s (borrowed) in a transaction of
+ * its own. Never leaves a transaction open: it ends committed or rolled back. */
 apply_status store_transaction_run(store_session *s, store_job *job);
+
+/* Inserts job's dedup row (biz_key, handler_name borrowed) in the open transaction:
+ * APPLY_CONTINUE when inserted, APPLY_DUPLICATE, or the classified failure (job->error set). A
+ * failed insert is undone by the server alone; the transaction goes on unless the failure says
+ * otherwise (deadlock, lock wait timeout, connection). */
+apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
+                                            const char *handler_name);
+
+/*
+ * After a savepoint set in idemq's transaction was found gone (ER_SP_DOES_NOT_EXIST) while job's
+ * handler ran, which had reported status: rolls back whatever runs in the transaction's place,
+ * looks job's dedup row up and returns the status that tells the truth, with the cause in
+ * job->error. *committed is set when the dedup row turned out committed — by something the
+ * handler ran, which then committed everything before it in the transaction too.
+ */
+apply_status store_transaction_ended(store_session *s, store_job *job, const char *handler_name,
+                                     apply_status status, bool *committed);
 
 #endif

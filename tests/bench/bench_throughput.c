@@ -1,18 +1,32 @@
 /*
- * bench_throughput — idemq's message rate against the two ceilings it sits between, measured in
- * the same run on the same machine, reported as ratios (these machines are shared and noisy):
+ * bench_throughput — idemq against the ceilings it sits between, all measured in one run on the
+ * same machine and reported as ratios (these machines are shared and noisy):
  *
- *   db      W threads, one connection each, running idemq's exact transaction shape without
- *           idemq: INSERT the dedup row, guarded state-machine UPDATE, COMMIT — one per message;
- *   broker  a raw rabbitmq-c consumer (prefetch as idemq's) that only acks each message;
- *   idemq   the real daemon on a preloaded queue, from spawn until every dedup row exists.
+ *   broker   a raw rabbitmq-c consumer (idemq's prefetch) that only acks each message;
+ *   db       idemq's exact statements run by plain threads without idemq (bench_db.h): one
+ *            transaction per message (idemq at mysql.batch 1), and batched the way idemq
+ *            batches (--shapes: every shape considered, for the README's comparison);
+ *   idemq    the real daemon draining a preloaded queue, from spawn until every dedup row
+ *            exists, at mysql.batch 1 and at the default batch, with its peak RSS (VmHWM);
+ *   live     the rate idemq sustains while one publisher sends it the workload as fast as it
+ *            can (the broker and the cores then carry the publishing too);
+ *   latency  publish to commit while idemq consumes live: a paced publisher at light load and
+ *            at 90% of the live rate, and a poller that sees each sampled
+ *            message's dedup row appear (the commit made it visible). The poller looks every
+ *            millisecond, so a figure can read up to ~1 ms late.
  *
- * Usage: bench_throughput [messages=5000] [runs=3] [workers=4]. Needs IDEMQ_TEST_AMQP_URL and
- * IDEMQ_TEST_MYSQL_URL (scripts/services start writes them to .state/env); run via scripts/bench.
+ * The workload: `messages` PAY_SUCCESS events, 10% of them duplicates of an earlier one (the
+ * same biz_key) arriving up to ~200 messages later (bench_db.h).
+ *
+ * Usage: bench_throughput [messages=20000] [runs=1] [workers=4] [--batch N] [--prefetch N]
+ *        [--linger MS] [--shapes]
+ * Needs IDEMQ_TEST_AMQP_URL and IDEMQ_TEST_MYSQL_URL (scripts/services start writes them to
+ * .state/env); run via scripts/bench. Not a test: it measures, it asserts only correctness.
  */
 #include <amqp.h>
 #include <mysql.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,16 +35,22 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "bench_db.h"
 #include "broker/connection.h"
+#include "config/config.h"
 #include "db/dsn.h"
-#include "store/schema.h"
 
 #define QUEUE_RAW "bench.raw"
 #define QUEUE_IDEMQ "bench.idemq"
-#define DATABASE "idemq_bench"
+#define LIGHT_RATE 200
+#define LIGHT_MESSAGES 600
+#define HEAVY_SECONDS 5
 
-static int messages = 5000, runs = 3, workers = 4;
+static int messages = 20000, runs = 1, workers = 4, batch = CONFIG_DEFAULT_BATCH, prefetch = 1000,
+           linger_ms = -1;
+static int shapes;
 static db_dsn dsn;
+static bench_workload workload;
 
 static double now_s(void)
 {
@@ -45,113 +65,23 @@ static void die(const char *what, const char *detail)
     exit(1);
 }
 
-static MYSQL *db_connect(const char *database)
+static long long scalar(MYSQL *db, const char *sql)
 {
-    MYSQL *db = mysql_init(NULL);
-    const char *host = dsn.socket[0] ? "localhost" : dsn.host;
-    if (!mysql_real_connect(db, host, dsn.user, dsn.password, database, dsn.port,
-                            dsn.socket[0] ? dsn.socket : NULL, CLIENT_FOUND_ROWS))
-        die("mysql connect", mysql_error(db));
-    return db;
+    bench_sql(db, sql);
+    MYSQL_RES *res = mysql_store_result(db);
+    long long v = atoll(mysql_fetch_row(res)[0]);
+    mysql_free_result(res);
+    return v;
 }
 
-static void sql(MYSQL *db, const char *text)
-{
-    if (mysql_query(db, text) != 0)
-        die(text, mysql_error(db));
-}
+/* ------------------------------------------------------------------------------------ broker */
 
-/* Fresh tables: N orders in PAYING, an empty msg_dedup. */
-static void reset_tables(void)
-{
-    MYSQL *db = db_connect(NULL);
-    sql(db, "DROP DATABASE IF EXISTS " DATABASE);
-    sql(db, "CREATE DATABASE " DATABASE);
-    sql(db, "USE " DATABASE);
-    sql(db, store_dedup_ddl);
-    sql(db, "CREATE TABLE orders (order_id VARCHAR(64) PRIMARY KEY, status VARCHAR(32) NOT NULL, "
-            "amount BIGINT NULL) ENGINE=InnoDB");
-    size_t cap = (size_t)messages * 32 + 128, n = 0;
-    char *text = malloc(cap);
-    n += (size_t)snprintf(text, cap, "INSERT INTO orders (order_id, status) VALUES ");
-    for (int i = 0; i < messages; i++)
-        n += (size_t)snprintf(text + n, cap - n, "%s('b%d','PAYING')", i ? "," : "", i);
-    sql(db, text);
-    free(text);
-    mysql_close(db);
-}
-
-typedef struct slice {
-    int begin, end;
-} slice;
-
-static void db_worker(void *arg)
-{
-    slice *s = arg;
-    mysql_thread_init();
-    MYSQL *db = db_connect(DATABASE);
-    mysql_autocommit(db, 0);
-    MYSQL_STMT *insert = mysql_stmt_init(db), *update = mysql_stmt_init(db);
-    static const char ins[] = "INSERT INTO msg_dedup (biz_key, handler_name) VALUES (?, ?)";
-    static const char upd[] = "UPDATE `orders` SET `status` = ?, `amount` = IF(?, ?, `amount`) "
-                              "WHERE `order_id` = ? AND `status` IN (?)";
-    if (mysql_stmt_prepare(insert, ins, sizeof ins - 1) ||
-        mysql_stmt_prepare(update, upd, sizeof upd - 1))
-        die("prepare", mysql_error(db));
-    char handler_name[] = "pay-callback", to_state[] = "PAID", from_state[] = "PAYING";
-    for (int i = s->begin; i < s->end; i++) {
-        char key[64], order[32];
-        unsigned long key_len = (unsigned long)snprintf(key, sizeof key, "order_id:b%d:PAY", i);
-        unsigned long order_len = (unsigned long)snprintf(order, sizeof order, "b%d", i);
-        unsigned long handler_len = 12, to_len = 4, from_len = 6;
-        long long amount = i;
-        signed char present = 1;
-        MYSQL_BIND p[5];
-        memset(p, 0, sizeof p);
-        p[0].buffer_type = MYSQL_TYPE_STRING, p[0].buffer = key, p[0].length = &key_len;
-        p[1].buffer_type = MYSQL_TYPE_STRING, p[1].buffer = handler_name,
-        p[1].length = &handler_len;
-        if (mysql_stmt_bind_param(insert, p) || mysql_stmt_execute(insert))
-            die("insert", mysql_stmt_error(insert));
-        memset(p, 0, sizeof p);
-        p[0].buffer_type = MYSQL_TYPE_STRING, p[0].buffer = to_state, p[0].length = &to_len;
-        p[1].buffer_type = MYSQL_TYPE_TINY, p[1].buffer = &present;
-        p[2].buffer_type = MYSQL_TYPE_LONGLONG, p[2].buffer = &amount;
-        p[3].buffer_type = MYSQL_TYPE_STRING, p[3].buffer = order, p[3].length = &order_len;
-        p[4].buffer_type = MYSQL_TYPE_STRING, p[4].buffer = from_state, p[4].length = &from_len;
-        if (mysql_stmt_bind_param(update, p) || mysql_stmt_execute(update))
-            die("update", mysql_stmt_error(update));
-        if (mysql_commit(db))
-            die("commit", mysql_error(db));
-    }
-    mysql_stmt_close(insert);
-    mysql_stmt_close(update);
-    mysql_close(db);
-    mysql_thread_end();
-}
-
-static double run_db_baseline(void)
-{
-    reset_tables();
-    uv_thread_t threads[64];
-    slice slices[64];
-    double start = now_s();
-    for (int w = 0; w < workers; w++) {
-        slices[w].begin = messages * w / workers;
-        slices[w].end = messages * (w + 1) / workers;
-        uv_thread_create(&threads[w], db_worker, &slices[w]);
-    }
-    for (int w = 0; w < workers; w++)
-        uv_thread_join(&threads[w]);
-    return messages / (now_s() - start);
-}
-
-static amqp_connection_state_t amqp_open(int confirms, unsigned prefetch)
+static amqp_connection_state_t amqp_open(int confirms, unsigned qos)
 {
     amqp_connection_state_t conn;
     char err[512];
-    broker_open_options o = {.url = getenv("IDEMQ_TEST_AMQP_URL"), .confirms = confirms,
-                             .prefetch = prefetch};
+    broker_open_options o = {
+        .url = getenv("IDEMQ_TEST_AMQP_URL"), .confirms = confirms, .prefetch = qos};
     if (broker_open(&o, &conn, err, sizeof err) != 0)
         die("amqp", err);
     return conn;
@@ -167,28 +97,32 @@ static void fresh_queue(amqp_connection_state_t conn, const char *queue)
         die("declare", queue);
 }
 
+static void publish(amqp_connection_state_t conn, const char *queue, const bench_event *e,
+                    char prefix)
+{
+    amqp_basic_properties_t persistent_json = {
+        ._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG,
+        .content_type = amqp_cstring_bytes("application/json"),
+        .delivery_mode = AMQP_DELIVERY_PERSISTENT,
+    };
+    char body[256];
+    int n = bench_event_body(e, prefix, body, sizeof body);
+    amqp_bytes_t bytes = {.len = (size_t)n, .bytes = body};
+    if (amqp_basic_publish(conn, BROKER_CHANNEL, amqp_empty_bytes, amqp_cstring_bytes(queue), 0, 0,
+                           &persistent_json, bytes) != AMQP_STATUS_OK)
+        die("publish", queue);
+}
+
 /* Publishes the workload with confirms, waiting once per 500 messages. */
 static void preload(const char *queue)
 {
     amqp_connection_state_t conn = amqp_open(1, 0);
     fresh_queue(conn, queue);
-    amqp_basic_properties_t props = {._flags = AMQP_BASIC_CONTENT_TYPE_FLAG |
-                                               AMQP_BASIC_DELIVERY_MODE_FLAG,
-                                     .content_type = amqp_cstring_bytes("application/json"),
-                                     .delivery_mode = AMQP_DELIVERY_PERSISTENT};
     uint64_t published = 0;
-    for (int i = 0; i < messages; i++) {
-        char body[256];
-        int n = snprintf(body, sizeof body,
-                         "{\"biz_key\":\"order_id:b%d:PAY\",\"order_id\":\"b%d\","
-                         "\"event_type\":\"PAY_SUCCESS\",\"amount\":%d}",
-                         i, i, i);
-        amqp_bytes_t bytes = {.len = (size_t)n, .bytes = body};
-        if (amqp_basic_publish(conn, BROKER_CHANNEL, amqp_empty_bytes, amqp_cstring_bytes(queue),
-                               0, 0, &props, bytes) != AMQP_STATUS_OK)
-            die("publish", queue);
+    for (int i = 0; i < workload.count; i++) {
+        publish(conn, queue, &workload.events[i], 'b');
         published++;
-        if (published % 500 == 0 || i == messages - 1) {
+        if (published % 500 == 0 || i == workload.count - 1) {
             for (;;) {
                 amqp_frame_t frame;
                 if (amqp_simple_wait_frame(conn, &frame) != AMQP_STATUS_OK)
@@ -207,13 +141,13 @@ static void preload(const char *queue)
 static double run_broker_baseline(void)
 {
     preload(QUEUE_RAW);
-    amqp_connection_state_t conn = amqp_open(0, 64);
+    amqp_connection_state_t conn = amqp_open(0, (unsigned)prefetch);
     double start = now_s();
-    amqp_basic_consume(conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), amqp_empty_bytes, 0,
-                       0, 0, amqp_empty_table);
+    amqp_basic_consume(conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), amqp_empty_bytes, 0, 0,
+                       0, amqp_empty_table);
     if (amqp_get_rpc_reply(conn).reply_type != AMQP_RESPONSE_NORMAL)
         die("consume", QUEUE_RAW);
-    for (int i = 0; i < messages; i++) {
+    for (int i = 0; i < workload.count; i++) {
         amqp_envelope_t env;
         amqp_maybe_release_buffers(conn);
         if (amqp_consume_message(conn, &env, NULL, 0).reply_type != AMQP_RESPONSE_NORMAL)
@@ -221,40 +155,113 @@ static double run_broker_baseline(void)
         amqp_basic_ack(conn, BROKER_CHANNEL, env.delivery_tag, 0);
         amqp_destroy_envelope(&env);
     }
-    double rate = messages / (now_s() - start);
+    double rate = workload.count / (now_s() - start);
+    amqp_queue_delete(conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), 0, 0);
+    amqp_get_rpc_reply(conn);
     broker_close(conn);
     return rate;
 }
 
-static double run_idemq(const char *idemq, const char *config_path)
+/* ------------------------------------------------------------------------------------- idemq */
+
+static char config_path[64];
+
+static void write_config(int run_batch)
 {
-    reset_tables();
-    preload(QUEUE_IDEMQ);
-    MYSQL *db = db_connect(DATABASE);
-    double start = now_s();
+    snprintf(config_path, sizeof config_path, "/tmp/idemq-bench-XXXXXX");
+    int fd = mkstemp(config_path);
+    FILE *f = fdopen(fd, "w");
+    char url[2400], linger[64] = "";
+    snprintf(url, sizeof url, "mysql://%s%s%s@%s:%u/" BENCH_DATABASE "%s%s", dsn.user,
+             dsn.password[0] ? ":" : "", dsn.password, dsn.host, dsn.port,
+             dsn.socket[0] ? "?socket=" : "", dsn.socket);
+    if (linger_ms >= 0)
+        snprintf(linger, sizeof linger, ", batch_linger_ms: %d", linger_ms);
+    fprintf(f,
+            "amqp: {url: \"%s\", prefetch: %d}\nmysql: {url: \"%s\", workers: %d, batch: %d%s}\n"
+            "log: {level: warn}\nhttp: {listen: \"127.0.0.1:0\"}\n"
+            "consumers:\n  - queue: " QUEUE_IDEMQ "\n    handler_name: pay-callback\n"
+            "    handler:\n      type: state_machine\n      table: orders\n"
+            "      key_column: order_id\n      key_field: order_id\n      state_column: status\n"
+            "      event_field: event_type\n      transitions:\n"
+            "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n      set: {amount: amount}\n",
+            getenv("IDEMQ_TEST_AMQP_URL"), prefetch, url, workers, run_batch, linger);
+    fclose(f);
+}
+
+static pid_t spawn_idemq(void)
+{
     pid_t pid = fork();
     if (pid == 0) {
-        freopen("/dev/null", "w", stderr);
-        execl(idemq, idemq, "run", "-c", config_path, (char *)NULL);
+        if (!freopen("/dev/null", "w", stderr))
+            _exit(126);
+        execl(IDEMQ_BENCH_BINARY, IDEMQ_BENCH_BINARY, "run", "-c", config_path, (char *)NULL);
         _exit(127);
     }
-    long long done = 0;
-    while (done < messages) {
+    return pid;
+}
+
+/* Peak resident set of pid (VmHWM), in MiB. */
+static double peak_rss_mib(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    double kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0)
+            kib = atof(line + 6);
+    if (f)
+        fclose(f);
+    return kib / 1024;
+}
+
+static void wait_rows(MYSQL *db, const char *sql, long long expected, double deadline_s)
+{
+    double start = now_s();
+    while (scalar(db, sql) < expected) {
         struct timespec pause = {.tv_nsec = 5 * 1000000};
         nanosleep(&pause, NULL);
-        if (mysql_query(db, "SELECT COUNT(*) FROM msg_dedup") != 0)
-            die("count", mysql_error(db));
-        MYSQL_RES *res = mysql_store_result(db);
-        done = atoll(mysql_fetch_row(res)[0]);
-        mysql_free_result(res);
-        if (now_s() - start > 600)
-            die("idemq", "did not finish in 600 s");
+        if (now_s() - start > deadline_s)
+            die("idemq", "did not finish in time");
     }
-    double rate = messages / (now_s() - start);
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
-    mysql_close(db);
-    return rate;
+}
+
+/* ----------------------------------------------------------------------------------- latency */
+
+typedef struct latency_run {
+    char prefix;
+    int count;
+    double rate;
+    int sample_every;
+    double *published;  /* per event: when it was published (0: not yet / not sampled) */
+    double *latency_ms; /* per sampled event: publish to visible commit */
+    atomic_int published_count;
+    int samples;
+} latency_run;
+
+static void publisher_main(void *arg)
+{
+    latency_run *lr = arg;
+    amqp_connection_state_t conn = amqp_open(0, 0);
+    double start = now_s();
+    for (int i = 0; i < lr->count; i++) {
+        double due = start + i / lr->rate, ahead = due - now_s();
+        if (ahead > 0.0002) {
+            struct timespec pause = {.tv_sec = (time_t)ahead,
+                                     .tv_nsec = (long)((ahead - (time_t)ahead) * 1e9)};
+            nanosleep(&pause, NULL);
+        }
+        const bench_event *e = &workload.events[i % workload.count];
+        bool sampled = e->copy == 0 && e->order % lr->sample_every == 0;
+        if (sampled)
+            lr->published[e->order] = now_s();
+        publish(conn, QUEUE_IDEMQ, e, lr->prefix);
+        atomic_store(&lr->published_count, i + 1);
+        if (i % 256 == 0)
+            amqp_maybe_release_buffers(conn);
+    }
+    broker_close(conn);
 }
 
 static int compare(const void *a, const void *b)
@@ -263,70 +270,283 @@ static int compare(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Publishes lr->count events at lr->rate while polling their dedup rows; fills latency_ms. */
+static void measure_latency(latency_run *lr)
+{
+    int orders = 0;
+    for (int i = 0; i < lr->count; i++)
+        if (workload.events[i % workload.count].order >= orders)
+            orders = workload.events[i % workload.count].order + 1;
+    lr->published = calloc((size_t)orders, sizeof *lr->published);
+    lr->latency_ms = calloc((size_t)orders, sizeof *lr->latency_ms);
+    unsigned char *seen = calloc((size_t)orders, 1);
+    MYSQL *db = bench_db_connect(&dsn, BENCH_DATABASE);
+    mysql_autocommit(db, 1);
+    atomic_init(&lr->published_count, 0);
+    uv_thread_t publisher;
+    uv_thread_create(&publisher, publisher_main, lr);
+    int expected = 0, pending[256], pending_count = 0, next = 0;
+    for (int o = 0; o < orders; o += lr->sample_every)
+        expected++;
+    size_t cap = 256 * 48 + 128;
+    char *sql = malloc(cap);
+    double deadline = now_s() + lr->count / lr->rate + 120;
+    while (lr->samples < expected) {
+        if (now_s() > deadline)
+            die("latency", "sampled messages were not committed within 120 s");
+        /* Sampled orders whose event was published and not yet seen, oldest first. */
+        while (pending_count < 256 && next < orders && lr->published[next] > 0) {
+            pending[pending_count++] = next;
+            next += lr->sample_every;
+        }
+        if (pending_count > 0) {
+            size_t n =
+                (size_t)snprintf(sql, cap, "SELECT biz_key FROM msg_dedup WHERE biz_key IN (");
+            for (int i = 0; i < pending_count; i++)
+                n += (size_t)snprintf(sql + n, cap - n, "%s'order_id:%c%d:PAY_SUCCESS'",
+                                      i ? "," : "", lr->prefix, pending[i]);
+            snprintf(sql + n, cap - n, ")");
+            bench_sql(db, sql);
+            double at = now_s();
+            MYSQL_RES *res = mysql_store_result(db);
+            MYSQL_ROW row;
+            while ((row = mysql_fetch_row(res))) {
+                int order = atoi(row[0] + strlen("order_id:") + 1);
+                if (order >= 0 && order < orders && !seen[order]) {
+                    seen[order] = 1;
+                    lr->latency_ms[lr->samples++] = (at - lr->published[order]) * 1000;
+                }
+            }
+            mysql_free_result(res);
+            int kept = 0;
+            for (int i = 0; i < pending_count; i++)
+                if (!seen[pending[i]])
+                    pending[kept++] = pending[i];
+            pending_count = kept;
+        }
+        struct timespec pause = {.tv_nsec = 1000000};
+        nanosleep(&pause, NULL);
+    }
+    uv_thread_join(&publisher);
+    qsort(lr->latency_ms, (size_t)lr->samples, sizeof *lr->latency_ms, compare);
+    free(sql);
+    free(seen);
+    mysql_close(db);
+}
+
+static double percentile(const latency_run *lr, double p)
+{
+    int i = (int)(p * (lr->samples - 1) + 0.5);
+    return lr->samples ? lr->latency_ms[i] : 0;
+}
+
+typedef struct idemq_result {
+    double rate, rss_mib;
+    double live_rate; /* committed while a publisher sends as fast as it can */
+    latency_run light, heavy;
+} idemq_result;
+
+/* The rate idemq sustains while the workload (prefix 'm') is published to it as fast as the
+ * publisher can: what "the maximum rate" means for a live queue, with the publisher's load on
+ * the broker and the cores included. */
+static double live_rate(MYSQL *db)
+{
+    latency_run lr = {.prefix = 'm', .count = workload.count, .rate = 1e9, .sample_every = 1};
+    lr.published = calloc((size_t)workload.orders, sizeof *lr.published);
+    atomic_init(&lr.published_count, 0);
+    long long before = scalar(db, "SELECT COUNT(*) FROM msg_dedup");
+    uv_thread_t publisher;
+    double start = now_s();
+    uv_thread_create(&publisher, publisher_main, &lr);
+    wait_rows(db, "SELECT COUNT(*) FROM msg_dedup", before + workload.orders, 600);
+    double rate = workload.count / (now_s() - start);
+    uv_thread_join(&publisher);
+    free(lr.published);
+    return rate;
+}
+
+/* idemq at run_batch: drains the preloaded workload; with latency, then the two paced runs. */
+static idemq_result run_idemq(int run_batch, bool latency)
+{
+    idemq_result r = {0};
+    bench_db_reset(&dsn, &workload);
+    MYSQL *db = bench_db_connect(&dsn, BENCH_DATABASE);
+    mysql_autocommit(db, 1);
+    int heavy_count = 0;
+    if (latency) {
+        bench_insert_orders(db, 'l', LIGHT_MESSAGES);
+        bench_insert_orders(db, 'm', workload.orders);
+        bench_insert_orders(db, 'h', workload.orders);
+    }
+    preload(QUEUE_IDEMQ);
+    write_config(run_batch);
+    double start = now_s();
+    pid_t pid = spawn_idemq();
+    wait_rows(db, "SELECT COUNT(*) FROM msg_dedup", workload.orders, 600);
+    r.rate = workload.count / (now_s() - start);
+    r.rss_mib = peak_rss_mib(pid);
+    if (latency) {
+        r.light = (latency_run){
+            .prefix = 'l', .count = LIGHT_MESSAGES, .rate = LIGHT_RATE, .sample_every = 1};
+        measure_latency(&r.light);
+        r.live_rate = live_rate(db);
+        double rate = 0.9 * r.live_rate;
+        heavy_count = (int)(rate * HEAVY_SECONDS);
+        if (heavy_count > workload.count)
+            heavy_count = workload.count;
+        r.heavy =
+            (latency_run){.prefix = 'h', .count = heavy_count, .rate = rate, .sample_every = 10};
+        measure_latency(&r.heavy);
+        double peak = peak_rss_mib(pid);
+        if (peak > r.rss_mib)
+            r.rss_mib = peak;
+    }
+    long long paid = scalar(db, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'");
+    long long expected = latency ? 2 * workload.orders : workload.orders;
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    unlink(config_path);
+    if (paid < expected)
+        die("idemq", "fewer orders paid than events sent");
+    mysql_close(db);
+    return r;
+}
+
+/* ------------------------------------------------------------------------------------- main */
+
 static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, compare);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+static int server_has_returning(void)
+{
+    MYSQL *db = bench_db_connect(&dsn, NULL);
+    const char *info = mysql_get_server_info(db);
+    int yes = mysql_get_server_version(db) >= 100500 && info && strstr(info, "MariaDB") &&
+              !getenv("IDEMQ_TEST_NO_RETURNING");
+    mysql_close(db);
+    return yes;
+}
+
+static void usage(void)
+{
+    die("usage", "bench_throughput [messages] [runs 1..50] [workers 1..64] [--batch N] "
+                 "[--prefetch N] [--linger MS] [--shapes]");
+}
+
 int main(int argc, char **argv)
 {
-    if (argc > 1)
-        messages = atoi(argv[1]);
-    if (argc > 2)
-        runs = atoi(argv[2]);
-    if (argc > 3)
-        workers = atoi(argv[3]);
-    if (messages < 1 || runs < 1 || runs > 50 || workers < 1 || workers > 64)
-        die("usage", "bench_throughput [messages] [runs 1..50] [workers 1..64]");
+    int positional = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--shapes"))
+            shapes = 1;
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+            batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--prefetch") && i + 1 < argc)
+            prefetch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--linger") && i + 1 < argc)
+            linger_ms = atoi(argv[++i]);
+        else if (argv[i][0] == '-')
+            usage();
+        else if (positional == 0)
+            messages = atoi(argv[i]), positional++;
+        else if (positional == 1)
+            runs = atoi(argv[i]), positional++;
+        else if (positional == 2)
+            workers = atoi(argv[i]), positional++;
+        else
+            usage();
+    }
+    if (messages < 100 || runs < 1 || runs > 50 || workers < 1 || workers > 64 || batch < 1 ||
+        batch > CONFIG_MAX_BATCH || prefetch < 1 || prefetch > 65535 ||
+        linger_ms > CONFIG_MAX_BATCH_LINGER_MS)
+        usage();
+    if ((long)workers * batch > prefetch)
+        die("usage", "workers × batch must not exceed the prefetch (as idemq's config requires)");
     const char *mysql_url = getenv("IDEMQ_TEST_MYSQL_URL");
-    const char *amqp_url = getenv("IDEMQ_TEST_AMQP_URL");
     char err[256];
-    if (!mysql_url || !amqp_url)
+    if (!mysql_url || !getenv("IDEMQ_TEST_AMQP_URL"))
         die("environment", "IDEMQ_TEST_MYSQL_URL / IDEMQ_TEST_AMQP_URL not set (. .state/env)");
     if (db_dsn_parse(mysql_url, &dsn, err, sizeof err) != 0)
         die("mysql url", err);
     mysql_library_init(0, NULL, NULL);
+    bench_workload_init(&workload, messages);
+    bench_shape batched = server_has_returning() ? BENCH_SHAPE_RETURNING : BENCH_SHAPE_SET_BASED;
 
-    char config_path[] = "/tmp/idemq-bench-XXXXXX";
-    int fd = mkstemp(config_path);
-    FILE *f = fdopen(fd, "w");
-    char mysql_bench_url[2400];
-    snprintf(mysql_bench_url, sizeof mysql_bench_url, "mysql://%s%s%s@%s:%u/" DATABASE "%s%s",
-             dsn.user, dsn.password[0] ? ":" : "", dsn.password, dsn.host, dsn.port,
-             dsn.socket[0] ? "?socket=" : "", dsn.socket);
-    fprintf(f,
-            "amqp: {url: \"%s\", prefetch: 64}\nmysql: {url: \"%s\", workers: %d}\n"
-            "log: {level: warn}\nhttp: {listen: \"127.0.0.1:0\"}\n"
-            "consumers:\n  - queue: " QUEUE_IDEMQ "\n    handler_name: pay-callback\n"
-            "    handler:\n      type: state_machine\n      table: orders\n"
-            "      key_column: order_id\n      key_field: order_id\n      state_column: status\n"
-            "      event_field: event_type\n      transitions:\n"
-            "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n      set: {amount: amount}\n",
-            amqp_url, mysql_bench_url, workers);
-    fclose(f);
-
-    double db_rates[50], broker_rates[50], idemq_rates[50];
-    printf("bench_throughput: %d messages, %d runs, %d DB workers; RabbitMQ, MariaDB and the "
-           "measured process share this machine's %ld cores\n",
-           messages, runs, workers, sysconf(_SC_NPROCESSORS_ONLN));
+    printf("bench_throughput: %d payment events (%d orders, %d duplicates), %d DB workers, "
+           "prefetch %d, mysql.batch %d; RabbitMQ, MariaDB and the measured process share this "
+           "machine's %ld cores\n",
+           workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
+           batch, sysconf(_SC_NPROCESSORS_ONLN));
+    double broker[50], db_one[50], db_batched[50], idemq_one[50], idemq_batched[50];
+    idemq_result last = {0};
+    double rss_one = 0;
     for (int r = 0; r < runs; r++) {
-        db_rates[r] = run_db_baseline();
-        broker_rates[r] = run_broker_baseline();
-        idemq_rates[r] = run_idemq(IDEMQ_BENCH_BINARY, config_path);
-        printf("run %d: db %.0f msg/s, broker %.0f msg/s, idemq %.0f msg/s\n", r + 1,
-               db_rates[r], broker_rates[r], idemq_rates[r]);
+        broker[r] = run_broker_baseline();
+        db_one[r] = bench_db_run(&dsn, &workload, BENCH_SHAPE_PER_MESSAGE, workers, 1);
+        db_batched[r] = bench_db_run(&dsn, &workload, batched, workers, batch);
+        idemq_result one = run_idemq(1, false);
+        idemq_one[r] = one.rate;
+        rss_one = one.rss_mib;
+        last = run_idemq(batch, r == runs - 1);
+        idemq_batched[r] = last.rate;
+        if (runs > 1)
+            printf("run %d: broker %.0f, db %.0f / %.0f, idemq %.0f / %.0f msg/s\n", r + 1,
+                   broker[r], db_one[r], db_batched[r], idemq_one[r], idemq_batched[r]);
         fflush(stdout);
     }
-    double db = median(db_rates, runs), broker = median(broker_rates, runs),
-           idemq = median(idemq_rates, runs);
-    printf("median: db %.0f msg/s, broker %.0f msg/s, idemq %.0f msg/s\n", db, broker, idemq);
-    printf("idemq / db-transaction ceiling = %.2f; idemq / raw-broker ceiling = %.2f\n",
-           idemq / db, idemq / broker);
-    unlink(config_path);
-    MYSQL *admin = db_connect(NULL);
-    sql(admin, "DROP DATABASE IF EXISTS " DATABASE);
+    double b = median(broker, runs), d1 = median(db_one, runs), db = median(db_batched, runs),
+           i1 = median(idemq_one, runs), ib = median(idemq_batched, runs);
+    const char *m = runs > 1 ? "median " : "";
+    printf("broker   raw consume + ack (prefetch %d)            %s%7.0f msg/s\n", prefetch, m, b);
+    printf("db       one transaction per message               %s%7.0f msg/s   idemq's statements "
+           "at mysql.batch 1\n",
+           m, d1);
+    printf("db       batched, %4d per transaction             %s%7.0f msg/s   idemq's statements "
+           "(%s)\n",
+           batch, m, db,
+           batched == BENCH_SHAPE_RETURNING ? "set-based, INSERT … RETURNING"
+                                            : "set-based, one INSERT each");
+    printf("idemq    mysql.batch 1                             %s%7.0f msg/s   peak RSS %.1f MiB\n",
+           m, i1, rss_one);
+    printf("idemq    mysql.batch %-4d                          %s%7.0f msg/s   peak RSS %.1f MiB "
+           "(prefetch %d)\n",
+           batch, m, ib, last.rss_mib, prefetch);
+    printf("latency  light load, %d msg/s                     p50 %6.1f ms  p99 %6.1f ms   "
+           "publish to commit, %d samples\n",
+           LIGHT_RATE, percentile(&last.light, 0.5), percentile(&last.light, 0.99),
+           last.light.samples);
+    printf("idemq    mysql.batch %-4d, live                    %7.0f msg/s   while the workload "
+           "is published as fast as one publisher can\n",
+           batch, last.live_rate);
+    printf("latency  90%% of the live rate, %5.0f msg/s        p50 %6.1f ms  p99 %6.1f ms   "
+           "%d samples over %d messages\n",
+           last.heavy.rate, percentile(&last.heavy, 0.5), percentile(&last.heavy, 0.99),
+           last.heavy.samples, last.heavy.count);
+    printf("ratios   batch %d / batch 1 = %.2f (target >= 2.5); batch %d / batched db ceiling = "
+           "%.2f (target >= 0.6);\n         batch 1 / per-message db ceiling = %.2f; batch %d / "
+           "raw broker = %.2f\n",
+           batch, ib / i1, batch, ib / db, i1 / d1, batch, ib / b);
+    if (shapes) {
+        printf("shapes   the database alone, %d workers, %d per transaction (bench_db.c):\n",
+               workers, batch);
+        for (int s = 0; s < BENCH_SHAPE_COUNT; s++) {
+            if (s == BENCH_SHAPE_RETURNING && batched != BENCH_SHAPE_RETURNING)
+                continue;
+            int shape_batch = s == BENCH_SHAPE_PER_MESSAGE ? 1 : batch;
+            double rate = bench_db_run(&dsn, &workload, (bench_shape)s, workers, shape_batch);
+            printf("         %-18s %7.0f msg/s  %.2f × per_message%s\n", bench_shape_name(s),
+                   rate < 0 ? -rate : rate, (rate < 0 ? -rate : rate) / d1,
+                   rate < 0 ? "  WRONG RESULT (dedup rows lost)" : "");
+            fflush(stdout);
+        }
+    }
+    MYSQL *admin = bench_db_connect(&dsn, NULL);
+    bench_sql(admin, "DROP DATABASE IF EXISTS " BENCH_DATABASE);
     mysql_close(admin);
+    bench_workload_free(&workload);
     mysql_library_end();
     return 0;
 }

@@ -137,6 +137,26 @@ static void start_daemon(void)
     harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
 }
 
+/* One transaction per message (mysql.batch: 1) for a test that counts attempts with a
+ * non-transactional trigger: a batch whose multi-row UPDATE hits an injected failure is
+ * rolled back and its messages run again alone, so the batch's attempt would fire the MyISAM
+ * counters once more than a lone message does (the failure is still charged once). */
+static void one_transaction_per_message(void)
+{
+    FILE *f = fopen(H.config_path, "r");
+    cr_assert(f);
+    char line[2048] = "", *found = NULL;
+    while (!found && fgets(line, sizeof line, f))
+        if (strncmp(line, "mysql: ", 7) == 0)
+            found = line;
+    fclose(f);
+    cr_assert(found, "no mysql line in %s", H.config_path);
+    char *end = strrchr(found, '}');
+    cr_assert(end);
+    snprintf(end, sizeof line - (size_t)(end - found), ", batch: 1}");
+    harness_config_replace_line(&H, "mysql: ", found);
+}
+
 static const char *jstr(json_t *obj, const char *key)
 {
     const char *s = json_string_value(json_object_get(obj, key));
@@ -728,6 +748,7 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
 {
     harness_options o = {.retry_set = true, .max_retries = 3, .base = "300ms", .jitter = "100ms"};
     setup("retry_kill9", &o);
+    one_transaction_per_message();
     install_failure_injection(&H);
     harness_insert_orders(&H, "k", KILL_ORDERS, "PAYING");
     harness_sql(&H, "INSERT INTO fail_budget SELECT order_id, 2 FROM orders");

@@ -234,6 +234,9 @@ Test(config, contract_example_loads_with_every_value)
     cr_assert_eq(c->max_body, 1024 * 1024);
     cr_assert_str_eq(c->mysql_url, "mysql://root@127.0.0.1:3306/idemq");
     cr_assert_eq(c->workers, 4);
+    /* The default batch (32) lowered to a worker's share of the default prefetch: 64 / 4. */
+    cr_assert_eq(c->batch, 16);
+    cr_assert_eq(c->batch_linger_ms, 1);
     cr_assert_eq(c->log_level, CONFIG_LOG_INFO);
     cr_assert_str_eq(c->http_listen, "127.0.0.1:9464");
     cr_assert_eq(c->shutdown_timeout_ms, 25000);
@@ -2163,4 +2166,64 @@ Test(config, mysql_tls_combinations_are_checked_at_their_line)
         {'M', "tls: {mode: verify_identity}", NULL}, /* the system trust store */
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ------------------------------------------------------------------ mysql.batch vs prefetch */
+
+Test(config, the_default_batch_is_lowered_to_a_workers_share_of_the_prefetch)
+{
+    result r = load_slots("prefetch: 1000", NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->batch, CONFIG_DEFAULT_BATCH, "prefetch 1000 holds 4 full batches");
+    result_free(&r);
+    r = load_slots("prefetch: 40", "workers: 8", NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->batch, 5, "40 / 8");
+    result_free(&r);
+    r = load_slots("prefetch: 3", "workers: 8", NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->batch, 1, "never below one message per transaction");
+    result_free(&r);
+}
+
+Test(config, a_batch_that_workers_times_batch_would_push_past_the_prefetch_is_refused)
+{
+    result r = load_slots("prefetch: 64", "batch: 32", NULL, NULL, NULL);
+    cr_assert_lt(r.rc, 0);
+    assert_error(r, LINE_M,
+                 "mysql.batch: 4 workers × batch 32 = 128 messages exceed "
+                 "amqp.prefetch 64");
+    assert_error(r, LINE_M, "raise amqp.prefetch to at least 128 or lower mysql.batch to 16");
+    result_free(&r);
+    r = load_slots("prefetch: 256", "batch: 64", NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "4 × 64 = 256 fits; errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->batch, 64);
+    result_free(&r);
+    r = load_slots(NULL, "batch: 1", NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->batch, 1);
+    result_free(&r);
+}
+
+Test(config, batch_and_linger_ranges)
+{
+    static const struct {
+        const char *slot, *error;
+    } cases[] = {
+        {"batch: 0", "mysql.batch: must be between 1 and 1024, got 0"},
+        {"batch: 1025", "mysql.batch: must be between 1 and 1024, got 1025"},
+        {"batch_linger_ms: 51", "mysql.batch_linger_ms: must be between 0 and 50, got 51"},
+        {"batch_linger_ms: 0", NULL},
+        {"batch_linger_ms: 50", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        result r = load_slots("prefetch: 1000", cases[i].slot, NULL, NULL, NULL);
+        if (cases[i].error) {
+            cr_assert_lt(r.rc, 0, "%s", cases[i].slot);
+            assert_error(r, LINE_M, cases[i].error);
+        } else {
+            cr_assert_eq(r.rc, 0, "%s: %s", cases[i].slot, r.errs);
+        }
+        result_free(&r);
+    }
 }

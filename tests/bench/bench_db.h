@@ -1,0 +1,75 @@
+/*
+ * bench_db — the benchmark's workload and its database ceilings: idemq's statements run by plain
+ * threads on plain connections, without idemq, in each transaction shape idemq could use.
+ *
+ * The workload is the one every figure of scripts/bench uses: `messages` payment events
+ * (PAY_SUCCESS, PAYING → PAID with the amount), 10% of them duplicates of an earlier event
+ * arriving up to ~200 messages after it, so some duplicates share a batch with their original,
+ * some run concurrently in another worker's batch and some come later.
+ *
+ * Benchmark code: failures print and exit(1). Thread affinity: bench_db_run starts and joins its
+ * own threads; the rest runs on the caller's thread.
+ */
+#ifndef IDEMQ_BENCH_DB_H
+#define IDEMQ_BENCH_DB_H
+
+#include <mysql.h>
+#include <stddef.h>
+
+#include "db/dsn.h"
+
+#define BENCH_DATABASE "idemq_bench"
+
+typedef struct bench_event {
+    int order; /* orders.order_id is "b<order>" */
+    int copy;  /* 0: the original; 1: a duplicate of it */
+} bench_event;
+
+typedef struct bench_workload {
+    bench_event *events;
+    int count;  /* events, duplicates included */
+    int orders; /* distinct orders (= distinct biz_keys) */
+} bench_workload;
+
+/* The transaction shapes bench_db_run can measure (see bench_db.c for each one's statements). */
+typedef enum bench_shape {
+    BENCH_SHAPE_PER_MESSAGE = 0,   /* one transaction per message: idemq at mysql.batch 1 */
+    BENCH_SHAPE_SAVEPOINT_GUARDED, /* batch; per message SAVEPOINT, INSERT, UPDATE, RELEASE */
+    BENCH_SHAPE_SAVEPOINT,         /* batch; per message SAVEPOINT, INSERT, UPDATE */
+    BENCH_SHAPE_SET_BASED,         /* batch; per message INSERT; one locked read, one UPDATE */
+    BENCH_SHAPE_RETURNING,         /* batch; one INSERT IGNORE … RETURNING (MariaDB), set-based */
+    BENCH_SHAPE_BULK,              /* batch; array-bound INSERT IGNORE and UPDATE (Connector/C) */
+    BENCH_SHAPE_COUNT,
+} bench_shape;
+
+const char *bench_shape_name(bench_shape shape);
+
+/* Builds the workload of `messages` events (deterministic). */
+void bench_workload_init(bench_workload *w, int messages);
+void bench_workload_free(bench_workload *w);
+
+/* The JSON body of event e for order "<prefix><order>" (what the broker benchmarks publish);
+ * returns its length. The database ceilings use prefix 'b'. */
+int bench_event_body(const bench_event *e, char prefix, char *buf, size_t len);
+
+/* Inserts orders "<prefix>0" .. "<prefix><count-1>" in PAYING (db connected to the bench's
+ * database). */
+void bench_insert_orders(MYSQL *db, char prefix, int count);
+
+/* A connection to database (NULL: none) with CLIENT_FOUND_ROWS, as idemq connects. */
+MYSQL *bench_db_connect(const db_dsn *dsn, const char *database);
+
+/* Runs text on db; exits on failure. */
+void bench_sql(MYSQL *db, const char *text);
+
+/* Fresh BENCH_DATABASE: msg_dedup, and the workload's orders in PAYING. */
+void bench_db_reset(const db_dsn *dsn, const bench_workload *w);
+
+/* Applies the whole workload with `workers` connections, each taking `batch` events at a time
+ * from a shared cursor, in the given shape; returns events per second. Checks the result: every
+ * order PAID once, exactly w->orders dedup rows; a wrong result exits, except for the bulk
+ * shape, which then returns minus its rate (see bench_db.c). */
+double bench_db_run(const db_dsn *dsn, const bench_workload *w, bench_shape shape, int workers,
+                    int batch);
+
+#endif
