@@ -71,7 +71,7 @@ broker_message *broker_message_new(const amqp_basic_properties_t *src, uint64_t 
     broker_message *msg = calloc(1, sizeof *msg);
     if (!msg)
         return NULL;
-    init_amqp_pool(&msg->pool, 4096);
+    init_amqp_pool(&msg->pool, 512);
     size_t body_len = announced_len > keep_max ? keep_max : (size_t)announced_len;
     msg->body_len = body_len;
     msg->announced_len = announced_len;
