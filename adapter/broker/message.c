@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static int copy_bytes(amqp_pool_t *pool, amqp_bytes_t *dst, amqp_bytes_t src)
 {
@@ -638,9 +639,49 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+static bool key_has_prefix(amqp_bytes_t key, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    return key.len >= n && strncasecmp(key.bytes, prefix, n) == 0;
+}
+
+/* What the producer set outside the body, as the broker hands it out again unchanged on a
+ * redelivery: message_id, correlation_id, timestamp, and the headers but the broker's (x-*) and
+ * idemq's own (already inputs, or derived from them). So two messages a producer sent separately,
+ * with the same body but their own ids or headers, are two failures, not one. */
+static void hash_producer_properties(failure_hash *h, const amqp_basic_properties_t *p)
+{
+    if (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG)
+        hash_field(h, 'm', p->message_id.bytes ? p->message_id.bytes : "", p->message_id.len);
+    if (p->_flags & AMQP_BASIC_CORRELATION_ID_FLAG)
+        hash_field(h, 'c', p->correlation_id.bytes ? p->correlation_id.bytes : "",
+                   p->correlation_id.len);
+    if (p->_flags & AMQP_BASIC_TIMESTAMP_FLAG)
+        hash_u64(h, p->timestamp);
+    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
+        return;
+    for (int i = 0; i < p->headers.num_entries; i++) {
+        const amqp_table_entry_t *e = &p->headers.entries[i];
+        if (key_has_prefix(e->key, "x-") || key_has_prefix(e->key, "idemq-"))
+            continue;
+        hash_field(h, 'n', e->key.bytes ? e->key.bytes : "", e->key.len);
+        const amqp_field_value_t *v = &e->value;
+        hash_u64(h, v->kind);
+        if (v->kind == AMQP_FIELD_KIND_UTF8 || v->kind == AMQP_FIELD_KIND_BYTES)
+            hash_field(h, 's', v->value.bytes.bytes ? v->value.bytes.bytes : "",
+                       v->value.bytes.len);
+        else if (v->kind == AMQP_FIELD_KIND_I64 || v->kind == AMQP_FIELD_KIND_U64 ||
+                 v->kind == AMQP_FIELD_KIND_TIMESTAMP)
+            hash_u64(h, v->value.u64);
+        else if (v->kind == AMQP_FIELD_KIND_I32 || v->kind == AMQP_FIELD_KIND_U32)
+            hash_u64(h, v->value.u32);
+    }
+}
+
 void message_failure_id(const char *biz_key, const void *body, size_t body_len,
-                        const char *handler, int64_t delivery_retries,
-                        int64_t delivery_first_failed_at_ms, char *out, size_t out_len)
+                        const amqp_basic_properties_t *props, const char *handler,
+                        int64_t delivery_retries, int64_t delivery_first_failed_at_ms, char *out,
+                        size_t out_len)
 {
     failure_hash h = {.a = 0xcbf29ce484222325ULL, .b = 0x84222325cbf29ce4ULL};
     static const char version[] = "idemq-failure-id/1";
@@ -650,6 +691,8 @@ void message_failure_id(const char *biz_key, const void *body, size_t body_len,
         hash_field(&h, 'k', biz_key, strlen(biz_key));
     else
         hash_field(&h, 'b', body_len ? body : "", body_len);
+    if (props)
+        hash_producer_properties(&h, props);
     hash_u64(&h, (uint64_t)delivery_retries);
     hash_u64(&h, (uint64_t)delivery_first_failed_at_ms);
     char id[MESSAGE_FAILURE_ID_MAX + 1];

@@ -181,13 +181,15 @@ int message_strip_properties(const amqp_basic_properties_t *props, size_t frame_
  * Writes the failure identity of one delivery's failure to out (out_len bytes, at least
  * MESSAGE_FAILURE_ID_MAX + 1 for the whole id; always NUL-terminated when out_len > 0): 32 hex
  * digits of a 128-bit hash over handler, the event (biz_key when the envelope had one, else the
- * body), delivery_retries (the delivery's idemq-retries, 0 when absent) and
+ * body), what the producer set outside the body (props, when not NULL: message_id,
+ * correlation_id, timestamp, headers other than x-* and idemq-*), delivery_retries (the delivery's idemq-retries, 0 when absent) and
  * delivery_first_failed_at_ms (its idemq-first-failed-at, 0 when absent). Everything comes from
  * the delivery itself, never from the clock, so a redelivery of the same delivery gets the same
  * id; the next retry round reads a higher idemq-retries and gets another.
  * biz_key: NULL or "" when the envelope had none; body/handler borrowed (handler not NULL).
  */
 void message_failure_id(const char *biz_key, const void *body, size_t body_len,
+                        const amqp_basic_properties_t *props,
                         const char *handler, int64_t delivery_retries,
                         int64_t delivery_first_failed_at_ms, char *out, size_t out_len);
 

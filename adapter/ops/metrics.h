@@ -9,7 +9,7 @@
  *                                            retries_exhausted
  *   idemq_retry_recovered_total{queue}       processed after at least one retry
  *   idemq_retry_dead_lettered_total{queue}   dead-lettered after at least one retry
- *   idemq_handler_duration_seconds{queue}    histogram of the DB transaction time
+ *   idemq_handler_duration_seconds{queue}    histogram of the DB transaction time (a batch's, per message)
  *   idemq_inflight{queue}                    deliveries received and not yet settled
  *   idemq_held{queue}                        deliveries held unacked while paused
  *   idemq_paused{reason="database"|"schema"} 1 while consumption is paused for that reason

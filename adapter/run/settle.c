@@ -64,6 +64,7 @@ static void publish_copy(settler *s, delivery *d)
      * (dlq list shows one entry, dlq replay publishes one). */
     char failure_id[MESSAGE_FAILURE_ID_MAX + 1];
     message_failure_id(d->decoded ? d->env.biz_key : NULL, d->msg->body, d->msg->body_len,
+                       &d->msg->properties,
                        c->handler_name, d->retries, d->first_failed_at_ms, failure_id,
                        sizeof failure_id);
     copy_headers headers = {

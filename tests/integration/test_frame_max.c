@@ -593,7 +593,7 @@ static void failure_id_of(const char *order, char out[MESSAGE_FAILURE_ID_MAX + 1
 {
     char key[64];
     snprintf(key, sizeof key, "order_id:%s:PAY_SUCCESS", order);
-    message_failure_id(key, NULL, 0, "pay-callback", 0, 0, out, MESSAGE_FAILURE_ID_MAX + 1);
+    message_failure_id(key, NULL, 0, NULL, "pay-callback", 0, 0, out, MESSAGE_FAILURE_ID_MAX + 1);
 }
 
 static void dead_letter(const char *order, bool with_id)

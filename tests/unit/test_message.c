@@ -571,7 +571,7 @@ Test(message_copy, a_replay_is_stripped_and_made_to_fit_too)
 static void id_of(const char *key, const char *body, const char *handler, int64_t retries,
                   int64_t first, char out[MESSAGE_FAILURE_ID_MAX + 1])
 {
-    message_failure_id(key, body, body ? strlen(body) : 0, handler, retries, first, out,
+    message_failure_id(key, body, body ? strlen(body) : 0, NULL, handler, retries, first, out,
                        MESSAGE_FAILURE_ID_MAX + 1);
 }
 
@@ -638,8 +638,40 @@ Test(failure_id, a_short_buffer_gets_a_terminated_prefix)
 {
     char full[MESSAGE_FAILURE_ID_MAX + 1], small[9];
     id_of("k", NULL, "pay", 0, 0, full);
-    message_failure_id("k", NULL, 0, "pay", 0, 0, small, sizeof small);
+    message_failure_id("k", NULL, 0, NULL, "pay", 0, 0, small, sizeof small);
     cr_expect_eq(strlen(small), 8);
     cr_expect(strncmp(full, small, 8) == 0);
-    message_failure_id("k", NULL, 0, "pay", 0, 0, small, 0); /* writes nothing */
+    message_failure_id("k", NULL, 0, NULL, "pay", 0, 0, small, 0); /* writes nothing */
+}
+
+/* Two messages a producer sent separately (their own message_id, or headers of their own) are two
+ * failures even with one body; what the broker adds on a redelivery (x-delivery-count) is not. */
+Test(failure_id, the_producers_properties_tell_separate_messages_apart)
+{
+    amqp_table_entry_t pad = {.key = amqp_cstring_bytes("pad"),
+                              .value = {.kind = AMQP_FIELD_KIND_UTF8,
+                                        .value.bytes = amqp_cstring_bytes("aaaa")}};
+    amqp_table_entry_t with_count[2] = {
+        pad, {.key = amqp_cstring_bytes("x-delivery-count"),
+              .value = {.kind = AMQP_FIELD_KIND_I64, .value.i64 = 3}}};
+    amqp_basic_properties_t first = {._flags = AMQP_BASIC_HEADERS_FLAG,
+                                     .headers = {.num_entries = 1, .entries = &pad}};
+    amqp_basic_properties_t redelivered = {._flags = AMQP_BASIC_HEADERS_FLAG,
+                                           .headers = {.num_entries = 2, .entries = with_count}};
+    amqp_table_entry_t other_pad = pad;
+    other_pad.value.value.bytes = amqp_cstring_bytes("bbbb");
+    amqp_basic_properties_t other_headers = {._flags = AMQP_BASIC_HEADERS_FLAG,
+                                             .headers = {.num_entries = 1, .entries = &other_pad}};
+    amqp_basic_properties_t other_id = first;
+    other_id._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+    other_id.message_id = amqp_cstring_bytes("m-2");
+
+    char a[MESSAGE_FAILURE_ID_MAX + 1], b[MESSAGE_FAILURE_ID_MAX + 1];
+    message_failure_id(NULL, "{}", 2, &first, "pay", 0, 0, a, sizeof a);
+    message_failure_id(NULL, "{}", 2, &redelivered, "pay", 0, 0, b, sizeof b);
+    cr_expect_str_eq(a, b, "x-delivery-count of a redelivery must not change the id");
+    message_failure_id(NULL, "{}", 2, &other_headers, "pay", 0, 0, b, sizeof b);
+    cr_expect_str_neq(a, b, "a header of the producer's own tells the messages apart");
+    message_failure_id(NULL, "{}", 2, &other_id, "pay", 0, 0, b, sizeof b);
+    cr_expect_str_neq(a, b, "a message_id tells the messages apart");
 }
