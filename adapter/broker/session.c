@@ -303,6 +303,19 @@ static void tag_clear(tag_ring *r)
     r->head = r->count = 0;
 }
 
+/* Drops settled entries behind an unsettled head: a delivery that stays open for long (a slow
+ * transaction) must not make the ring grow with everything settled after it. Order is kept. */
+static void tag_compact(tag_ring *r)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < r->count; i++) {
+        tag_entry e = *tag_at(r, i);
+        if (e.state != TAG_GONE)
+            *tag_at(r, kept++) = e;
+    }
+    r->count = kept;
+}
+
 /* ---- broker thread ------------------------------------------------------------------------- */
 
 static void thread_connection_lost(broker_session *s, const char *reason);
@@ -688,15 +701,21 @@ static void flush_acks(broker_session *s)
         thread_connection_lost(s, "cannot send basic.ack");
         return;
     }
+    size_t gone = 0;
     for (size_t i = 0; i < r->count && s->conn; i++) {
         tag_entry *e = tag_at(r, i);
+        if (e->state == TAG_GONE)
+            gone++;
         if (e->state != TAG_ACKED)
             continue;
         e->state = TAG_GONE;
+        gone++;
         int rc = amqp_basic_ack(s->conn, BROKER_CHANNEL, e->tag, 0);
         if (rc != AMQP_STATUS_OK)
             thread_connection_lost(s, broker_describe_status(rc));
     }
+    if (s->conn && gone > 1024 && gone * 2 > r->count)
+        tag_compact(r);
 }
 
 static void run_commands(broker_session *s)
