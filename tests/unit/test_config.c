@@ -1858,9 +1858,20 @@ static const char *const secret_chunks[] = {"Sx", "Ky", "Qv", "Zw", "Jm", "Pq", 
 
 static void assert_no_secret(const char *text, const char *what)
 {
+    /* mkdtemp's six random letters in the test's file paths can spell a chunk by chance ("Pq"
+     * in idemq-test-config-vPqlDq): blank them before looking. */
+    static const char dir_prefix[] = "idemq-test-config-";
+    char *copy = strdup(text);
+    cr_assert(copy);
+    for (char *at = strstr(copy, dir_prefix); at; at = strstr(at, dir_prefix)) {
+        at += sizeof dir_prefix - 1;
+        for (int i = 0; i < 6 && at[i]; i++)
+            at[i] = '_';
+    }
     for (size_t i = 0; secret_chunks[i]; i++)
-        cr_assert(!strstr(text, secret_chunks[i]), "%s shows part of the password: %s", what,
+        cr_assert(!strstr(copy, secret_chunks[i]), "%s shows part of the password: %s", what,
                   text);
+    free(copy);
 }
 
 static const char *const amqp_schemes[] = {"amqp", "amqps", NULL};
