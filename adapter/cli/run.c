@@ -341,8 +341,17 @@ static void on_signal(uv_signal_t *handle, int signum)
     begin_stopping(r);
 }
 
+/* The monitor's answer, written to idemq_up{mysql} as well: a /readyz answer and the metric
+ * scraped after it never disagree (the poll timer alone could lag by HEALTH_POLL_MS). */
+static bool db_health_ok_synced(runner *r, char *reason, size_t reason_len)
+{
+    bool ok = db_health_ok(r->db_health, reason, reason_len);
+    metrics_set_up(r->metrics, METRICS_DEP_MYSQL, ok);
+    return ok;
+}
+
 /* /readyz: ready only when the broker connection works (connected, not blocked, answering),
- * the database answers, and idemq consumes (not paused, not stopping). Reads state only. */
+ * the database answers, and idemq consumes (not paused, not stopping). Waits on nothing. */
 static bool is_ready(void *ctx, char *reason, size_t reason_len)
 {
     runner *r = ctx;
@@ -356,7 +365,7 @@ static bool is_ready(void *ctx, char *reason, size_t reason_len)
     else if (outage_is_paused(&r->outage)) {
         outage_describe(&r->outage, reason, reason_len);
         return false;
-    } else if (!db_health_ok(r->db_health, reason, reason_len)) {
+    } else if (!db_health_ok_synced(r, reason, reason_len)) {
         char detail[1024];
         snprintf(detail, sizeof detail, "%s", reason);
         snprintf(reason, reason_len, "database unavailable: %s", detail);
