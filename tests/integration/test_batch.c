@@ -141,6 +141,13 @@ static json_t *wait_outcomes(const char *order, const char *event, size_t count,
     }
 }
 
+static bool miss_processed_logged(harness *h, void *arg)
+{
+    (void)arg;
+    return harness_log_count_both(h->log_path, "order_id:miss0:PAY_SUCCESS",
+                                  "\"outcome\":\"processed\"") >= 1;
+}
+
 static json_t *wait_first_outcome(const char *order, const char *event, const char *want)
 {
     return wait_outcomes(order, event, 1, want);
@@ -243,6 +250,9 @@ static void expect_mixed_outcomes(void)
     cr_assert(harness_wait_scalar(&F.h, 1, DEADLINE_MS,
                                   "SELECT COUNT(*) FROM orders WHERE order_id = 'miss0' AND "
                                   "status = 'PAID' AND amount = 500"));
+    /* The row commits before the loop writes the outcome line: wait for the line too. */
+    cr_assert(harness_wait_for(miss_processed_logged, &F.h, NULL, DEADLINE_MS),
+              "no processed line for miss0");
     json_t *miss = outcomes("miss0", "PAY_SUCCESS");
     size_t n = json_array_size(miss);
     cr_assert(n >= 2);
