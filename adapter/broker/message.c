@@ -24,33 +24,35 @@ static int copy_bytes(amqp_pool_t *pool, amqp_bytes_t *dst, amqp_bytes_t src)
     return 0;
 }
 
+/* The short-string properties, by flag: the copy and the size computation walk the same list. */
+static const struct {
+    amqp_flags_t flag;
+    size_t offset;
+} string_properties[] = {
+    {AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type)},
+    {AMQP_BASIC_CONTENT_ENCODING_FLAG, offsetof(amqp_basic_properties_t, content_encoding)},
+    {AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id)},
+    {AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to)},
+    {AMQP_BASIC_EXPIRATION_FLAG, offsetof(amqp_basic_properties_t, expiration)},
+    {AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id)},
+    {AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type)},
+    {AMQP_BASIC_USER_ID_FLAG, offsetof(amqp_basic_properties_t, user_id)},
+    {AMQP_BASIC_APP_ID_FLAG, offsetof(amqp_basic_properties_t, app_id)},
+    {AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id)},
+};
+
 /* Copies the properties whose flag is set; rabbitmq-c leaves the others uninitialised. */
 static int copy_properties(amqp_pool_t *pool, const amqp_basic_properties_t *src,
                            amqp_basic_properties_t *dst)
 {
-    static const struct {
-        amqp_flags_t flag;
-        size_t offset;
-    } byte_fields[] = {
-        {AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type)},
-        {AMQP_BASIC_CONTENT_ENCODING_FLAG, offsetof(amqp_basic_properties_t, content_encoding)},
-        {AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id)},
-        {AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to)},
-        {AMQP_BASIC_EXPIRATION_FLAG, offsetof(amqp_basic_properties_t, expiration)},
-        {AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id)},
-        {AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type)},
-        {AMQP_BASIC_USER_ID_FLAG, offsetof(amqp_basic_properties_t, user_id)},
-        {AMQP_BASIC_APP_ID_FLAG, offsetof(amqp_basic_properties_t, app_id)},
-        {AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id)},
-    };
     memset(dst, 0, sizeof *dst);
     dst->_flags = src->_flags;
-    for (size_t i = 0; i < sizeof byte_fields / sizeof byte_fields[0]; i++) {
-        if (!(src->_flags & byte_fields[i].flag))
+    for (size_t i = 0; i < sizeof string_properties / sizeof string_properties[0]; i++) {
+        if (!(src->_flags & string_properties[i].flag))
             continue;
         const amqp_bytes_t *from =
-            (const amqp_bytes_t *)((const char *)src + byte_fields[i].offset);
-        amqp_bytes_t *to = (amqp_bytes_t *)((char *)dst + byte_fields[i].offset);
+            (const amqp_bytes_t *)((const char *)src + string_properties[i].offset);
+        amqp_bytes_t *to = (amqp_bytes_t *)((char *)dst + string_properties[i].offset);
         if (copy_bytes(pool, to, *from) != 0)
             return -1;
     }
@@ -100,6 +102,16 @@ bool broker_message_add_body(broker_message *msg, amqp_bytes_t fragment, bool *o
 bool broker_message_truncated(const broker_message *msg)
 {
     return msg->announced_len > msg->body_len;
+}
+
+int message_properties_clone(const amqp_basic_properties_t *src, amqp_pool_t *pool,
+                             amqp_basic_properties_t *out)
+{
+    amqp_basic_properties_t copy;
+    if (copy_properties(pool, src, &copy) != 0)
+        return BROKER_E_FAILED;
+    *out = copy;
+    return 0;
 }
 
 void broker_message_free(broker_message *msg)
@@ -266,21 +278,6 @@ static size_t table_size(const amqp_table_t *t)
 /* The frame without its headers table (as if the headers flag were clear). */
 static size_t frame_size_without_headers(const amqp_basic_properties_t *p)
 {
-    static const struct {
-        amqp_flags_t flag;
-        size_t offset;
-    } short_strings[] = {
-        {AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type)},
-        {AMQP_BASIC_CONTENT_ENCODING_FLAG, offsetof(amqp_basic_properties_t, content_encoding)},
-        {AMQP_BASIC_CORRELATION_ID_FLAG, offsetof(amqp_basic_properties_t, correlation_id)},
-        {AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to)},
-        {AMQP_BASIC_EXPIRATION_FLAG, offsetof(amqp_basic_properties_t, expiration)},
-        {AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id)},
-        {AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type)},
-        {AMQP_BASIC_USER_ID_FLAG, offsetof(amqp_basic_properties_t, user_id)},
-        {AMQP_BASIC_APP_ID_FLAG, offsetof(amqp_basic_properties_t, app_id)},
-        {AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id)},
-    };
     size_t size = HEADER_FRAME_OVERHEAD;
     /* Property flags: 16-bit words of 15 flags each, the lowest bit saying another follows. */
     amqp_flags_t flags = p->_flags;
@@ -288,10 +285,11 @@ static size_t frame_size_without_headers(const amqp_basic_properties_t *p)
         size += 2;
         flags >>= 16;
     } while (flags != 0);
-    for (size_t i = 0; i < sizeof short_strings / sizeof short_strings[0]; i++) {
-        if (!(p->_flags & short_strings[i].flag))
+    for (size_t i = 0; i < sizeof string_properties / sizeof string_properties[0]; i++) {
+        if (!(p->_flags & string_properties[i].flag))
             continue;
-        const amqp_bytes_t *b = (const amqp_bytes_t *)((const char *)p + short_strings[i].offset);
+        const amqp_bytes_t *b =
+            (const amqp_bytes_t *)((const char *)p + string_properties[i].offset);
         if (b->len > UINT8_MAX)
             return SIZE_UNENCODABLE;
         size += 1 + b->len;

@@ -101,6 +101,11 @@ bool broker_message_add_body(broker_message *msg, amqp_bytes_t fragment, bool *o
 bool broker_message_truncated(const broker_message *msg);
 void broker_message_free(broker_message *msg);
 
+/* Deep-copies src's properties (those whose flag is set, and the headers) into pool; out may be
+ * src. Returns 0 or BROKER_E_FAILED (out of memory). */
+int message_properties_clone(const amqp_basic_properties_t *src, amqp_pool_t *pool,
+                             amqp_basic_properties_t *out);
+
 /* Integer header value of any AMQP integer type; returns false when absent or not an integer. */
 bool message_header_int(const amqp_basic_properties_t *props, const char *name, int64_t *out);
 

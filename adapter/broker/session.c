@@ -1136,34 +1136,6 @@ void broker_reject(broker_session *s, const broker_message *msg)
     post_settle(s, msg, CMD_REJECT);
 }
 
-/* Copies what props points to into pool: message_copy_properties borrows the caller's strings
- * (the error text, the expiration) for the call only, and the broker thread sends later. */
-static int own_properties(amqp_basic_properties_t *props, amqp_pool_t *pool)
-{
-    amqp_bytes_t *fields[] = {&props->content_type, &props->content_encoding,
-                              &props->correlation_id, &props->reply_to, &props->expiration,
-                              &props->message_id, &props->type, &props->user_id, &props->app_id,
-                              &props->cluster_id};
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        amqp_bytes_t *f = fields[i];
-        if (!f->len || !f->bytes)
-            continue;
-        amqp_bytes_t copy;
-        amqp_pool_alloc_bytes(pool, f->len, &copy);
-        if (!copy.bytes)
-            return BROKER_E_FAILED;
-        memcpy(copy.bytes, f->bytes, f->len);
-        *f = copy;
-    }
-    if (props->_flags & AMQP_BASIC_HEADERS_FLAG) {
-        amqp_table_t headers;
-        if (amqp_table_clone(&props->headers, &headers, pool) != AMQP_STATUS_OK)
-            return BROKER_E_FAILED;
-        props->headers = headers;
-    }
-    return 0;
-}
-
 int broker_publish_copy(broker_session *s, const broker_message *msg, const char *exchange,
                         const char *routing_key, copy_headers *headers, broker_confirm_cb cb,
                         void *arg)
@@ -1189,8 +1161,10 @@ int broker_publish_copy(broker_session *s, const broker_message *msg, const char
                  ? message_copy_properties(msg, headers, (size_t)atomic_load(&s->frame_max),
                                            &c->pool, &c->props)
                  : BROKER_E_FAILED;
+    /* message_copy_properties borrows the caller's strings (the error text, the expiration) for
+     * the call only, and the broker thread sends later: the command owns a deep copy. */
     if (rc == 0)
-        rc = own_properties(&c->props, &c->pool);
+        rc = message_properties_clone(&c->props, &c->pool, &c->props);
     if (rc != 0) {
         command_release(s, c);
         return rc == MESSAGE_E_TOO_LARGE ? BROKER_E_TOO_LARGE : BROKER_E_FAILED;
