@@ -81,11 +81,37 @@ typedef enum config_on_illegal {
     CONFIG_ON_ILLEGAL_RETRY = 1,
 } config_on_illegal;
 
+/* emit: a downstream message written to the outbox (idemq_outbox, outbox/writer.h) in the
+ * transaction that applies the incoming one, and published by the relay after the COMMIT
+ * (outbox/relay.h). The outgoing envelope is a map of the listed fields plus a biz_key idemq
+ * derives from the incoming biz_key, the handler name and the emit's name (outbox/writer.h). */
+typedef enum config_emit_format {
+    CONFIG_EMIT_JSON = 0,      /* application/json (the default) */
+    CONFIG_EMIT_MSGPACK = 1,   /* application/msgpack */
+} config_emit_format;
+
+typedef struct config_emit_field {
+    char *name;        /* key in the outgoing envelope (not "biz_key": idemq sets that) */
+    char *from;        /* dotted path into the incoming message; NULL when value_json is set */
+    char *value_json;  /* a constant, as compact JSON text (a scalar, list or map); NULL with from */
+} config_emit_field;
+
+typedef struct config_emit {
+    char *name;                 /* unique within the consumer; part of the outgoing biz_key */
+    char *exchange;             /* "" is the default exchange (routing_key names the queue) */
+    char *routing_key;
+    config_emit_format format;
+    config_emit_field *fields;  /* at least one */
+    size_t field_count;
+} config_emit;
+
 typedef struct config_transition {
     char *event;      /* value of the event field, e.g. "PAY_SUCCESS" */
     char **from;      /* allowed predecessor states */
     size_t from_count;
     char *to;         /* target state */
+    config_emit *emits; /* written when this transition applies (not on a state_noop) */
+    size_t emit_count;
 } config_transition;
 
 typedef struct config_set_column {
@@ -127,6 +153,8 @@ typedef struct config_sql {
     config_sql_statement *statements;   /* at least one */
     size_t statement_count;
     config_on_mismatch on_mismatch;     /* when a statement's row count differs from expect_rows */
+    config_emit *emits;                 /* written when every statement succeeded */
+    size_t emit_count;
 } config_sql;
 
 typedef struct config_plugin {
@@ -148,6 +176,8 @@ typedef struct config_consumer {
     config_queue_type queue_type;
     retry_policy retry;     /* max_retries 0..32 (6), base (1s), jitter (1s), max_delay (1h) */
     config_handler handler;
+    bool may_emit;          /* an emit is configured, or the handler is a plugin (which may call
+                             * host->emit): the outbox table must exist and the relay runs */
 } config_consumer;
 
 /* dedup: the retention job that deletes old msg_dedup rows (store/retention.h). */
@@ -156,6 +186,20 @@ typedef struct config_dedup {
     uint64_t interval_ms;   /* time between sweeps, 1s..1d, default 1m */
     unsigned batch;         /* rows per DELETE (one commit each), 1..100000, default 1000 */
 } config_dedup;
+
+/* outbox: the relay that publishes idemq_outbox rows after their COMMIT (outbox/relay.h). */
+typedef struct config_outbox {
+    int relay;                  /* outbox.relay: 1 (default) this instance relays; 0 it only
+                                 * writes rows (another instance, or a dedicated one, relays) */
+    unsigned batch;             /* rows published per round, 1..10000, default 256 */
+    uint64_t poll_interval_ms;  /* rows not announced by this process (another instance, a
+                                 * crash) are looked for this often; 10ms..1m, default 1s */
+    uint64_t lease_ms;          /* how long a relay's lease lasts unrenewed; a standby takes
+                                 * over after it; 1s..10m, default 10s */
+    uint64_t retention_ms;      /* published rows are kept this long; 0 deletes them at the
+                                 * confirm; default 1h */
+    uint64_t stuck_after_ms;    /* /readyz: a pending row older than this; default 60s */
+} config_outbox;
 
 /* mysql.batch: the largest and the default number of messages in one transaction, and the
  * longest linger (store.h says how a worker fills a batch). */
@@ -223,6 +267,8 @@ typedef struct config {
     config_consumer *consumers;
     size_t consumer_count;  /* at least 1 */
     config_dedup dedup;
+    config_outbox outbox;
+    bool outbox_needed;     /* some consumer may_emit: migrate's table is required, relay runs */
     /* Secrets from files and MySQL TLS (config/secrets.h, config/mysql_tls.h). A *_password is
      * the file's content (one trailing newline stripped), read at load, and overrides the URL's
      * password; NULL when no file is given. Never log one: it is zeroed by config_free. */

@@ -4,7 +4,9 @@
 #include "store/schema.h"
 
 #include <mysql.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 #include <strings.h>
 
 /* Kept identical to schemas/mysql/001_msg_dedup.sql (a unit test compares them). biz_key and
@@ -19,6 +21,35 @@ const char store_dedup_ddl[] =
     "  created_at   DATETIME(3)  NOT NULL DEFAULT CURRENT_TIMESTAMP(3),\n"
     "  UNIQUE KEY uk_biz_handler (biz_key, handler_name),\n"
     "  KEY idx_created_at (created_at)\n"
+    ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
+
+/* Kept identical to schemas/mysql/003_outbox.sql (a unit test compares them); why each column
+ * is there: that file. */
+const char store_outbox_ddl[] =
+    "CREATE TABLE IF NOT EXISTS idemq_outbox (\n"
+    "  id             BIGINT         NOT NULL AUTO_INCREMENT PRIMARY KEY,\n"
+    "  source_biz_key VARBINARY(128) NOT NULL,\n"
+    "  handler_name   VARBINARY(64)  NOT NULL,\n"
+    "  emit_name      VARBINARY(64)  NOT NULL,\n"
+    "  biz_key        VARBINARY(128) NOT NULL,\n"
+    "  exchange       VARBINARY(255) NOT NULL,\n"
+    "  routing_key    VARBINARY(255) NOT NULL,\n"
+    "  content_type   VARBINARY(64)  NOT NULL,\n"
+    "  body           MEDIUMBLOB     NOT NULL,\n"
+    "  state          TINYINT        NOT NULL DEFAULT 0,\n"
+    "  attempts       INT UNSIGNED   NOT NULL DEFAULT 0,\n"
+    "  created_at     DATETIME(3)    NOT NULL DEFAULT CURRENT_TIMESTAMP(3),\n"
+    "  published_at   DATETIME(3)    NULL,\n"
+    "  last_error     VARCHAR(512)   NULL,\n"
+    "  KEY idx_outbox_state_id (state, id),\n"
+    "  KEY idx_outbox_published_at (published_at)\n"
+    ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
+
+const char store_outbox_lease_ddl[] =
+    "CREATE TABLE IF NOT EXISTS idemq_outbox_lease (\n"
+    "  name       VARBINARY(64)  NOT NULL PRIMARY KEY,\n"
+    "  owner      VARBINARY(128) NOT NULL,\n"
+    "  expires_at DATETIME(6)    NOT NULL\n"
     ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
 
 /* Until this version msg_dedup.handler_name was VARCHAR(64) utf8mb4: "Orders" and "orders "
@@ -58,12 +89,53 @@ int store_dedup_schema_check(MYSQL *db, char *report, size_t report_len)
     return rc;
 }
 
+int store_outbox_schema_check(MYSQL *db, char *report, size_t report_len)
+{
+    static const char *const tables[] = {"idemq_outbox", "idemq_outbox_lease"};
+    if (mysql_query(db, "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = "
+                        "DATABASE() AND TABLE_NAME IN ('idemq_outbox', 'idemq_outbox_lease')") !=
+        0) {
+        snprintf(report, report_len, "reading the outbox tables failed: %s (error %u)",
+                 mysql_error(db), mysql_errno(db));
+        return -1;
+    }
+    MYSQL_RES *res = mysql_store_result(db);
+    bool found[2] = {false, false};
+    MYSQL_ROW row;
+    while (res && (row = mysql_fetch_row(res)))
+        for (size_t i = 0; i < 2; i++)
+            if (row[0] && !strcasecmp(row[0], tables[i]))
+                found[i] = true;
+    if (res)
+        mysql_free_result(res);
+    mysql_rollback(db);
+    for (size_t i = 0; i < 2; i++) {
+        if (!found[i]) {
+            snprintf(report, report_len,
+                     "table %s is missing: a consumer emits downstream messages; run `idemq "
+                     "migrate` (schemas/mysql/003_outbox.sql)",
+                     tables[i]);
+            return -1;
+        }
+    }
+    snprintf(report, report_len, "the outbox tables are in place");
+    return 0;
+}
+
 int store_migrate(MYSQL *db, char *report, size_t report_len)
 {
     char state[512];
     if (mysql_query(db, store_dedup_ddl) != 0 || mysql_commit(db) != 0) {
         snprintf(report, report_len, "creating msg_dedup failed: %s (error %u)", mysql_error(db),
                  mysql_errno(db));
+        return -1;
+    }
+    /* The outbox tables are created whether or not a consumer emits yet: adding an emit: later
+     * then needs no migration of its own. */
+    if (mysql_query(db, store_outbox_ddl) != 0 || mysql_commit(db) != 0 ||
+        mysql_query(db, store_outbox_lease_ddl) != 0 || mysql_commit(db) != 0) {
+        snprintf(report, report_len, "creating the outbox tables failed: %s (error %u)",
+                 mysql_error(db), mysql_errno(db));
         return -1;
     }
     int rc = store_dedup_schema_check(db, state, sizeof state);

@@ -1,5 +1,5 @@
 /*
- * schema — idemq's own table, msg_dedup: its DDL, the check that it has the current layout, and
+ * schema — idemq's own tables, msg_dedup and the outbox (idemq_outbox, idemq_outbox_lease): their DDL, the check that it has the current layout, and
  * the in-place upgrade `idemq migrate` runs.
  * Errors: store_migrate returns 0 or -1; store_dedup_schema_check 0, 1 or -1 (below); the text
  * goes into the caller's report buffer either way.
@@ -20,7 +20,14 @@ int store_migrate(struct st_mysql *db, char *report, size_t report_len);
  * upgrades (report says how it differs), -1 unreadable or missing (report says why). */
 int store_dedup_schema_check(struct st_mysql *db, char *report, size_t report_len);
 
-/* The DDL store_migrate runs; schemas/mysql/001_msg_dedup.sql holds the same statement. */
+/* Whether both outbox tables exist: 0, or -1 (missing or unreadable: report says which and to
+ * run `idemq migrate`). */
+int store_outbox_schema_check(struct st_mysql *db, char *report, size_t report_len);
+
+/* The DDL store_migrate runs; schemas/mysql/001_msg_dedup.sql holds the same statement, and
+ * 003_outbox.sql the two outbox ones. */
 extern const char store_dedup_ddl[];
+extern const char store_outbox_ddl[];
+extern const char store_outbox_lease_ddl[];
 
 #endif

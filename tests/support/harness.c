@@ -175,6 +175,8 @@ void harness_init(harness *h, const char *test_name, const harness_options *opts
     mysql_close(admin);
     h->db = connect_database(h->database);
     harness_sql(h, "%s", store_dedup_ddl);
+    harness_sql(h, "%s", store_outbox_ddl);
+    harness_sql(h, "%s", store_outbox_lease_ddl);
     harness_sql(h, "CREATE TABLE orders (order_id VARCHAR(64) PRIMARY KEY, "
                    "status VARCHAR(32) NOT NULL, amount BIGINT NULL) ENGINE=InnoDB");
 

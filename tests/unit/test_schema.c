@@ -49,3 +49,27 @@ Test(schema, migrate_ddl_matches_the_published_file)
     cr_expect(strstr(b, "VARBINARY(128)"), "biz_key must compare bytes exactly");
     cr_expect(strstr(b, "UNIQUE KEY uk_biz_handler (biz_key, handler_name)"));
 }
+
+/* The SQL of 003_outbox.sql without its comment lines, its two statements concatenated. */
+Test(schema, outbox_ddl_matches_the_published_file)
+{
+    FILE *f = fopen(IDEMQ_SOURCE_DIR "/schemas/mysql/003_outbox.sql", "r");
+    cr_assert(f, "schemas/mysql/003_outbox.sql is missing");
+    static char line[1024], text[16384], a[16384], b[16384], both[16384];
+    size_t len = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "--", 2))
+            continue;
+        size_t n = strlen(line);
+        cr_assert(len + n < sizeof text);
+        memcpy(text + len, line, n);
+        len += n;
+    }
+    fclose(f);
+    text[len] = '\0';
+    normalise(text, a, sizeof a);
+    snprintf(both, sizeof both, "%s;\n%s;\n", store_outbox_ddl, store_outbox_lease_ddl);
+    normalise(both, b, sizeof b);
+    cr_expect_str_eq(a, b);
+    cr_expect(strstr(b, "KEY idx_outbox_state_id (state, id)"), "the relay scans by (state, id)");
+}
