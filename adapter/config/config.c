@@ -21,6 +21,7 @@
 
 #include "config/amqp_urls.h"
 #include "config/document.h"
+#include "config/emit.h"
 #include "config/mysql_tls.h"
 #include "config/options.h"
 #include "config/problems.h"
@@ -249,6 +250,7 @@ int config_load(const char *path, FILE *errors, config **out)
     config_finish_amqp_urls(&ctx, root, cfg);
     config_validate_amqp_tls(&ctx, cfg, root);
     config_validate_batch(&ctx, root, cfg);
+    config_finish_outbox(&ctx, root, cfg);
     config_load_secrets(&ctx, root, cfg);
     config_validate_mysql_tls(&ctx, root, cfg);
 out:
@@ -280,6 +282,7 @@ static void free_state_machine(config_state_machine *sm)
         for (size_t j = 0; j < t->from_count; j++)
             free(t->from[j]);
         free(t->from);
+        config_free_emits(t->emits, t->emit_count);
     }
     free(sm->transitions);
     for (size_t i = 0; i < sm->set_count; i++) {
@@ -300,6 +303,7 @@ static void free_sql(config_sql *sql)
         free(st->params);
     }
     free(sql->statements);
+    config_free_emits(sql->emits, sql->emit_count);
 }
 
 void config_free(config *cfg)

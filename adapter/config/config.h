@@ -46,6 +46,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 #include "config/reference.h"
 #include "config/units.h"
 #include "config/url.h"
@@ -92,13 +94,14 @@ typedef enum config_emit_format {
 
 typedef struct config_emit_field {
     char *name;        /* key in the outgoing envelope (not "biz_key": idemq sets that) */
-    char *from;        /* dotted path into the incoming message; NULL when value_json is set */
-    char *value_json;  /* a constant, as compact JSON text (a scalar, list or map); NULL with from */
+    char *from;        /* dotted path into the incoming message; NULL when value is set */
+    json_t *value;     /* owned: a constant (a scalar, list or map), read-only once loaded (so
+                        * the workers share it); NULL when from is set */
 } config_emit_field;
 
 typedef struct config_emit {
     char *name;                 /* unique within the consumer; part of the outgoing biz_key */
-    char *exchange;             /* "" is the default exchange (routing_key names the queue) */
+    char *exchange;             /* NULL or "": the default exchange (routing_key names the queue) */
     char *routing_key;
     config_emit_format format;
     config_emit_field *fields;  /* at least one */

@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "config/document.h"
+#include "config/emit.h"
 #include "config/sql_template.h"
 #include "config/text.h"
 
@@ -40,6 +41,8 @@ static int check_sql(const char *text, char *why, size_t why_len)
 
 static void parse_statements(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
                              const char *path);
+static void parse_sql_emit(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
+                           const char *path);
 
 /* clang-format off */
 static const char *const on_mismatch_names[] = {"dead_letter", "retry", NULL};
@@ -64,9 +67,20 @@ const opt config_sql_table[] = {
     {.name = "on_mismatch", .type = OPT_ENUM, .offset = offsetof(config_handler, sql.on_mismatch),
      .names = on_mismatch_names, .def = "dead_letter",
      .help = "what a row count other than expect_rows does"},
+    {.name = "emit", .type = OPT_CUSTOM, .parse = parse_sql_emit, .items = config_emit_table,
+     .items_path = "[].",
+     .help = "downstream messages written to the outbox when every statement succeeded"},
     {0},
 };
 /* clang-format on */
+
+static void parse_sql_emit(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
+                           const char *path)
+{
+    config_sql *sql = &((config_handler *)base)->sql;
+    (void)o;
+    config_parse_emit_list(ctx, node, path, &sql->emits, &sql->emit_count);
+}
 
 /* Parses one statement's placeholders into st (see config/sql_template.h for the rule) and
  * refuses statements that would end the transaction. sql_node gives the line. */

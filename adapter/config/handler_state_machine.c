@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "config/document.h"
+#include "config/emit.h"
 #include "config/text.h"
 
 #define CONFIG_MAX_TRANSITIONS 1024
@@ -66,6 +67,8 @@ static void parse_transitions(load_ctx *ctx, const opt *o, yaml_node_t *node, vo
 static void parse_from(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
                        const char *path);
 static void parse_set(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base, const char *path);
+static void parse_transition_emit(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
+                                  const char *path);
 
 /* clang-format off */
 static const char *const on_illegal_names[] = {"dead_letter", "retry", NULL};
@@ -77,6 +80,9 @@ static const opt transition_table[] = {
     {.name = "to", .type = OPT_STRING, .flags = OPT_REQUIRED,
      .offset = offsetof(config_transition, to), .check = check_state,
      .help = "state the event moves to"},
+    {.name = "emit", .type = OPT_CUSTOM, .parse = parse_transition_emit,
+     .items = config_emit_table, .items_path = "[].",
+     .help = "downstream messages written to the outbox when this transition applies"},
     {0},
 };
 
@@ -163,6 +169,14 @@ static void parse_transitions(load_ctx *ctx, const opt *o, yaml_node_t *node, vo
         config_join_path(tpath, sizeof tpath, path, config_show(shown, sizeof shown, t->event));
         config_walk_table(ctx, o->items, value, t, tpath, config_node_line(key));
     }
+}
+
+static void parse_transition_emit(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
+                                  const char *path)
+{
+    config_transition *t = base;
+    (void)o;
+    config_parse_emit_list(ctx, node, path, &t->emits, &t->emit_count);
 }
 
 static void parse_from(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base, const char *path)

@@ -194,6 +194,33 @@ static const opt dedup_table[] = {
     {0},
 };
 
+/* The relay (outbox/relay.h). A lease far longer than the poll keeps a standby from taking over
+ * from a relay that is only between rounds. */
+static const opt outbox_table[] = {
+    {.name = "relay", .type = OPT_ENUM, .offset = offsetof(config, outbox.relay),
+     .names = bool_names, .def = "true",
+     .help = "whether this instance publishes outbox rows (false: it only writes them)"},
+    {.name = "batch", .type = OPT_UINT, .offset = offsetof(config, outbox.batch), .min = 1,
+     .max = 10000, .def = "256", .help = "rows published per round (one confirm wait each)"},
+    {.name = "poll_interval", .type = OPT_DURATION,
+     .offset = offsetof(config, outbox.poll_interval_ms), .min = 10, .max = SECONDS(60),
+     .def = "1s",
+     .help = "how often rows this process was not told of (a crash, another instance) are "
+             "looked for"},
+    {.name = "lease", .type = OPT_DURATION, .offset = offsetof(config, outbox.lease_ms),
+     .min = SECONDS(1), .max = SECONDS(600), .def = "10s",
+     .help = "how long the publishing relay's lease lasts unrenewed; a standby takes over after "
+             "it"},
+    {.name = "retention", .type = OPT_DURATION, .offset = offsetof(config, outbox.retention_ms),
+     .min = 0, .max = DAYS(3650), .def = "1h",
+     .help = "how long published rows are kept (idemq outbox list); 0 deletes them at the "
+             "confirm"},
+    {.name = "stuck_after", .type = OPT_DURATION,
+     .offset = offsetof(config, outbox.stuck_after_ms), .min = SECONDS(1), .max = DAYS(1),
+     .def = "60s", .help = "/readyz fails while a pending row is older than this"},
+    {0},
+};
+
 const opt config_top_table[] = {
     {.name = "amqp", .type = OPT_SECTION, .section = amqp_table, .help = "RabbitMQ connection"},
     {.name = "mysql", .type = OPT_SECTION, .section = mysql_table, .help = "MySQL connection"},
@@ -207,6 +234,8 @@ const opt config_top_table[] = {
      .help = "a list of queues to consume, each with its handler"},
     {.name = "dedup", .type = OPT_SECTION, .section = dedup_table,
      .help = "retention of msg_dedup rows"},
+    {.name = "outbox", .type = OPT_SECTION, .section = outbox_table,
+     .help = "the relay that publishes emitted messages after their commit"},
     {0},
 };
 /* clang-format on */
@@ -278,5 +307,23 @@ void config_validate_amqp_tls(load_ctx *ctx, const config *cfg, yaml_node_t *roo
                       "an amqps:// URL (TLS, port 5671 by default) or remove amqp.tls",
                       which, env && *env ? " (from IDEMQ_AMQP_URL)" : "",
                       config_show(shown, sizeof shown, redacted));
+    }
+}
+
+void config_finish_outbox(load_ctx *ctx, yaml_node_t *root, config *cfg)
+{
+    (void)ctx;
+    (void)root;
+    cfg->outbox_needed = false;
+    for (size_t i = 0; i < cfg->consumer_count; i++) {
+        config_consumer *c = &cfg->consumers[i];
+        const config_handler *h = &c->handler;
+        c->may_emit = h->type == CONFIG_HANDLER_PLUGIN ||
+                      (h->type == CONFIG_HANDLER_SQL && h->sql.emit_count > 0);
+        for (size_t t = 0; h->type == CONFIG_HANDLER_STATE_MACHINE &&
+                           t < h->state_machine.transition_count && !c->may_emit;
+             t++)
+            c->may_emit = h->state_machine.transitions[t].emit_count > 0;
+        cfg->outbox_needed = cfg->outbox_needed || c->may_emit;
     }
 }
