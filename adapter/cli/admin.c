@@ -136,6 +136,10 @@ static int check_database(const config *cfg)
             if (schema_rc < 0)
                 rc = 1;
         }
+        if (cfg->outbox_needed && store_outbox_schema_check(db, schema, sizeof schema) != 0) {
+            fprintf(stderr, "mysql   FAIL %s\n", schema);
+            rc = 1;
+        }
         for (size_t i = 0; i < cfg->consumer_count && rc == 0; i++)
             rc = check_handler_schema(db, &cfg->consumers[i]);
         if (rc == 0)

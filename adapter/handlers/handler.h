@@ -15,6 +15,10 @@
  * handler_apply_batch and runs a few statements for the whole batch; the others (sql, plugin)
  * are called once per message through handler_apply, each between savepoints of the store.
  *
+ * Emits: a handler that applies a message adds the rows of its emits to call->outbox (a state
+ * machine transition's, a sql handler's, a plugin's host->emit); a message whose emit cannot be
+ * built (a field it lacks) fails non-retryable with the reason, and nothing of it is applied.
+ *
  * Errors: apply and prepare functions return an apply_status: APPLY_CONTINUE when the step
  * succeeded, APPLY_STATE_NOOP for an idempotent success, otherwise the failure with its reason
  * in call->error (and call->mysql_errno when a MySQL error decided it).
@@ -31,6 +35,8 @@
 #include "db/error.h"
 #include "envelope/envelope.h"
 #include "policy/outcome.h"
+
+struct outbox_writer;
 
 /*
  * "Go on": what a step inside the transaction returns when it succeeded — a handler whose
@@ -53,6 +59,12 @@ typedef struct handler_call {
     size_t body_len;
     unsigned batch_max;                 /* handler_apply_batch: the most items it is given on
                                          * this connection (sizes per-connection scratch) */
+    struct outbox_writer *outbox;       /* borrowed: where emits go (outbox/writer.h), tagged
+                                         * with outbox_item by handler_apply and with the item's
+                                         * index by handler_apply_batch. The store inserts the
+                                         * rows of the messages that succeed, before COMMIT. */
+    size_t outbox_item;                 /* handler_apply: the tag of its rows (0 unless a
+                                         * batch's handler runs one item through it) */
 } handler_call;
 
 /* Multi-row statements are prepared once per power-of-two row count and padded by repeating

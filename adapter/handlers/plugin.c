@@ -95,7 +95,10 @@ apply_status plugin_handler_apply(handler_call *call)
         .body_len = call->body_len,
         .consumer = call->consumer,
     };
-    idemq_tx tx = {.db = call->db, .statements = statements};
+    idemq_tx tx = {.db = call->db,
+                   .statements = statements,
+                   .outbox = call->outbox,
+                   .outbox_item = call->outbox_item};
     idemq_result result = plugin_handle(p, &msg, &tx, reason, sizeof reason);
     reason[sizeof reason - 1] = '\0';
     plugin_host_message_close(&msg);

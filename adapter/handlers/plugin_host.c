@@ -15,6 +15,7 @@
 #include "db/error.h"
 #include "config/sql_template.h"
 #include "ops/log.h"
+#include "outbox/writer.h"
 
 static int host_field(const idemq_message *msg, const char *dotted_path, idemq_value *out)
 {
@@ -250,6 +251,36 @@ out:
     return rc;
 }
 
+static int host_emit(idemq_tx *tx, const idemq_message *msg, const idemq_emit *e, char *err,
+                     size_t err_len)
+{
+    char why[512];
+    if (!tx || !msg || !e) {
+        snprintf(err, err_len, "emit: tx, msg and e must not be NULL");
+        return -1;
+    }
+    if (!e->fields_json) {
+        snprintf(err, err_len, "emit %s: fields_json is NULL", e->name ? e->name : "?");
+        return -1;
+    }
+    json_error_t parse_error;
+    json_t *fields = json_loads(e->fields_json, JSON_REJECT_DUPLICATES, &parse_error);
+    if (!fields) {
+        snprintf(err, err_len, "emit %s: fields_json is not JSON: %s", e->name ? e->name : "?",
+                 parse_error.text);
+        return -1;
+    }
+    int rc = outbox_writer_add_fields(tx->outbox, tx->outbox_item, msg->consumer, msg->env,
+                                      e->name, e->exchange, e->routing_key,
+                                      e->msgpack ? CONFIG_EMIT_MSGPACK : CONFIG_EMIT_JSON, fields,
+                                      why, sizeof why);
+    json_decref(fields);
+    if (rc == 0)
+        return 0;
+    snprintf(err, err_len, "%s", rc == -ENOMEM ? "emit: out of memory" : why);
+    return -1;
+}
+
 const idemq_host_v1 plugin_host_table = {
     .abi_version = IDEMQ_PLUGIN_ABI_VERSION,
     .size = sizeof(idemq_host_v1),
@@ -260,6 +291,7 @@ const idemq_host_v1 plugin_host_table = {
     .exec = host_exec,
     .classify = host_classify,
     .log = host_log,
+    .emit = host_emit,
 };
 
 void plugin_host_message_close(idemq_message *msg)

@@ -25,6 +25,8 @@
 #include "handlers/plugin_statements.h"
 #include "idemq/plugin.h"
 
+struct outbox_writer;
+
 /* The message as plugins see it, filled by the caller for one handle() call. Strings handed out
  * for maps and arrays live in texts until plugin_host_message_close. */
 struct idemq_message {
@@ -43,6 +45,8 @@ struct idemq_tx {
     plugin_statements *statements;    /* borrowed: this worker's cache */
     unsigned int fatal_errno;         /* an error that ended the transaction; exec refuses to go on */
     unsigned int last_errno;          /* the last failed exec, reported with a non-OK result */
+    struct outbox_writer *outbox;     /* borrowed: where emit() adds rows */
+    size_t outbox_item;               /* their tag (handlers/handler.h) */
 };
 
 /* The functions idemq provides to plugins (passed to init and handle). */

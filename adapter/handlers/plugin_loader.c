@@ -49,11 +49,13 @@ int plugin_open(const char *path, const char *config_json, plugin **out, char *e
         goto fail;
     }
     /* abi_version is the first member in every version, so reading it is always safe. */
-    if (desc->abi_version != IDEMQ_PLUGIN_ABI_VERSION) {
+    if (desc->abi_version < IDEMQ_PLUGIN_ABI_OLDEST ||
+        desc->abi_version > IDEMQ_PLUGIN_ABI_VERSION) {
         snprintf(err, err_len,
-                 "plugin %s has plugin ABI version %u, but this idemq needs version %d: rebuild "
-                 "the plugin against this idemq's include/idemq/plugin.h",
-                 path, (unsigned)desc->abi_version, IDEMQ_PLUGIN_ABI_VERSION);
+                 "plugin %s has plugin ABI version %u, but this idemq loads versions %d to %d: "
+                 "rebuild the plugin against this idemq's include/idemq/plugin.h",
+                 path, (unsigned)desc->abi_version, IDEMQ_PLUGIN_ABI_OLDEST,
+                 IDEMQ_PLUGIN_ABI_VERSION);
         goto fail;
     }
     if (!desc->handle) {

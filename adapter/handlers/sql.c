@@ -24,6 +24,7 @@
 
 #include "db/bind.h"
 #include "db/prepare.h"
+#include "outbox/writer.h"
 
 typedef struct sql_state {
     MYSQL_STMT **stmts; /* one per configured statement, prepared on first use */
@@ -181,6 +182,18 @@ apply_status sql_handler_apply(handler_call *call)
             return cs->on_mismatch == CONFIG_ON_MISMATCH_RETRY ? APPLY_RETRYABLE
                                                                : APPLY_NON_RETRYABLE;
         }
+    }
+    /* Every statement succeeded: the emits go with them (a field the message lacks fails it,
+     * and the store rolls the statements back too). */
+    for (size_t e = 0; e < cs->emit_count; e++) {
+        int rc = outbox_writer_add(call->outbox, call->outbox_item, call->consumer,
+                                   &cs->emits[e], call->env, call->error, call->error_len);
+        if (rc == -ENOMEM) {
+            snprintf(call->error, call->error_len, "out of memory");
+            return APPLY_RETRYABLE;
+        }
+        if (rc != 0)
+            return APPLY_NON_RETRYABLE;
     }
     return APPLY_CONTINUE;
 }

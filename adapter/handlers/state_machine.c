@@ -43,6 +43,7 @@
 
 #include "db/bind.h"
 #include "db/prepare.h"
+#include "outbox/writer.h"
 
 #define STATE_VALUE_MAX 256
 #define KEY_TEXT_MAX 256
@@ -262,6 +263,39 @@ static apply_status resolve(const config_state_machine *sm, const envelope *env,
                  sm->key_field, *key ? "of the wrong type" : "missing");
         return APPLY_NON_RETRYABLE;
     }
+    /* A message whose transition emits must carry the emit's fields whether or not the row
+     * moves: one rule for the lone and the batched path, decided before any statement runs. */
+    const config_transition *tr = &sm->transitions[i];
+    for (size_t e = 0; e < tr->emit_count; e++) {
+        for (size_t f = 0; f < tr->emits[e].field_count; f++) {
+            const config_emit_field *field = &tr->emits[e].fields[f];
+            if (field->from && !envelope_field(env, field->from)) {
+                snprintf(error, error_len,
+                         "emit %s: the message has no field '%s' (for the outgoing field '%s')",
+                         tr->emits[e].name, field->from, field->name);
+                return APPLY_NON_RETRYABLE;
+            }
+        }
+    }
+    return APPLY_CONTINUE;
+}
+
+/* Adds the rows of tr's emits for env, tagged item: before the UPDATE, so that a row that cannot
+ * be built fails the message while nothing of it has run. The caller drops them again when the
+ * row does not move. */
+static apply_status add_emits(handler_call *call, const config_transition *tr, const envelope *env,
+                              size_t item, char *error, size_t error_len)
+{
+    for (size_t e = 0; e < tr->emit_count; e++) {
+        int rc = outbox_writer_add(call->outbox, item, call->consumer, &tr->emits[e], env, error,
+                                   error_len);
+        if (rc == -ENOMEM) {
+            snprintf(error, error_len, "out of memory");
+            return APPLY_RETRYABLE;
+        }
+        if (rc != 0)
+            return APPLY_NON_RETRYABLE;
+    }
     return APPLY_CONTINUE;
 }
 
@@ -295,6 +329,13 @@ apply_status state_machine_apply(handler_call *call)
             return status;
     }
 
+    if (tr->emit_count &&
+        (status = add_emits(call, tr, call->env, call->outbox_item, call->error,
+                            call->error_len)) != APPLY_CONTINUE) {
+        outbox_writer_drop_item(call->outbox, call->outbox_item);
+        return status;
+    }
+
     MYSQL_BIND *params = stmts->params;
     db_bind_slot *slots = stmts->slots;
     size_t p = 0;
@@ -324,6 +365,8 @@ apply_status state_machine_apply(handler_call *call)
 out:
     for (size_t i = 0; i < p; i++)
         db_bind_slot_release(&slots[i]);
+    if (status != APPLY_CONTINUE && tr->emit_count)
+        outbox_writer_drop_item(call->outbox, call->outbox_item); /* the row did not move */
     return status;
 }
 
@@ -696,6 +739,7 @@ static apply_status run_deferred(handler_call *call, batch_scratch *b, handler_b
         one.error = items[i].error;
         one.error_len = items[i].error_len;
         one.mysql_errno = 0;
+        one.outbox_item = i;
         items[i].status = state_machine_apply(&one);
         items[i].mysql_errno = one.mysql_errno;
         if (one.mysql_errno || items[i].status == APPLY_UNAVAILABLE) {
@@ -746,6 +790,15 @@ apply_status state_machine_apply_batch(handler_call *call, handler_batch_item *i
     if (status != APPLY_CONTINUE)
         return status;
     size_t moved = decide(sm, b, items, n, rows);
+    /* The messages the multi-row UPDATE moves are decided: their emits now, before it runs. */
+    for (size_t i = 0; i < n; i++) {
+        const config_transition *tr = &sm->transitions[b->transition[i]];
+        if (items[i].status != APPLY_CONTINUE || b->deferred[i] || !tr->emit_count)
+            continue;
+        if (add_emits(call, tr, items[i].env, i, items[i].error, items[i].error_len) !=
+            APPLY_CONTINUE)
+            return batch_fails(call, "an emit could not be built");
+    }
     if (moved > 0 && (status = update_rows(call, b, items, moved)) != APPLY_CONTINUE)
         return status;
     return run_deferred(call, b, items, n);

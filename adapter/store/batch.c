@@ -9,6 +9,7 @@
  */
 #include "store/batch.h"
 
+#include <errno.h>
 #include <mysql.h>
 #include <mysqld_error.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include "db/error.h"
 #include "db/prepare.h"
 #include "handlers/handler.h"
+#include "outbox/writer.h"
 #include "ops/log.h"
 #include "store/transaction.h"
 
@@ -34,6 +36,7 @@ struct store_batch_state {
     db_bind_slot *slots;
     MYSQL_STMT *insert_returning[HANDLER_BATCH_SIZE_CLASSES];
     MYSQL_STMT *delete_rows[HANDLER_BATCH_SIZE_CLASSES];
+    size_t outbox_rows;       /* outbox rows inserted in the open transaction */
     unsigned int mysql_errno; /* why the batch as a whole failed */
     char error[STORE_ERROR_MAX];
 };
@@ -99,6 +102,8 @@ void store_batch_state_free(store_batch_state *b)
 static apply_status abandon(store_session *s, apply_status status)
 {
     mysql_rollback(s->db);
+    outbox_writer_clear(s->outbox);
+    s->batch->outbox_rows = 0;
     return status == APPLY_UNAVAILABLE ? APPLY_UNAVAILABLE : APPLY_RETRYABLE;
 }
 
@@ -131,6 +136,8 @@ static apply_status commit(store_session *s, store_batch_state *b)
      * unknown, and the redeliveries are settled by the dedup rows either way. */
     if (mysql_commit(s->db) != 0)
         return connection_failed(s, b, "commit");
+    s->outbox_committed += b->outbox_rows;
+    b->outbox_rows = 0;
     return APPLY_COMMITTED;
 }
 
@@ -182,11 +189,22 @@ static apply_status run_each(store_session *s, store_batch_state *b, store_job *
             .state = &s->handler_states[job->consumer_index],
             .error = job->error,
             .error_len = sizeof job->error,
+            .outbox = s->outbox,
         };
         status = handler_apply(&call);
         job->mysql_errno = call.mysql_errno;
         if (status == APPLY_UNAVAILABLE)
             return job_failed(s, b, job, status);
+        if (status == APPLY_CONTINUE) {
+            /* Inside the message's savepoint: a failure below undoes its rows with it. */
+            size_t emitted = 0;
+            apply_status written = store_transaction_write_outbox(s, job, &emitted);
+            if (written != APPLY_CONTINUE)
+                return job_failed(s, b, job, written);
+            b->outbox_rows += emitted;
+        } else {
+            outbox_writer_clear(s->outbox);
+        }
         bool success = status == APPLY_CONTINUE || status == APPLY_STATE_NOOP;
         /* Either way the savepoint must still exist: that is the proof the transaction is still
          * idemq's (store/transaction.h). A failed message is undone back to it. */
@@ -395,6 +413,7 @@ static apply_status run_set_based(store_session *s, store_batch_state *b, store_
             .error = b->error,
             .error_len = sizeof b->error,
             .batch_max = (unsigned)b->cap,
+            .outbox = s->outbox,
         };
         status = handler_apply_batch(&call, b->items, live);
         if (status != APPLY_CONTINUE) {
@@ -405,6 +424,18 @@ static apply_status run_set_based(store_session *s, store_batch_state *b, store_
             size_t i = b->item_job[m];
             b->outcome[i] = b->items[m].status;
             jobs[i]->mysql_errno = b->items[m].mysql_errno;
+            if (b->items[m].status != APPLY_CONTINUE)
+                outbox_writer_drop_item(s->outbox, m);
+        }
+        db_error error;
+        int rc = outbox_writer_flush(s->outbox, s->db, &b->outbox_rows, &error);
+        if (rc != 0) {
+            if (rc == -ENOMEM)
+                snprintf(b->error, sizeof b->error, "outbox insert: out of memory");
+            b->mysql_errno = rc == -ENOMEM ? 0
+                                           : db_error_format(b->error, sizeof b->error,
+                                                             "outbox insert", &error);
+            return abandon(s, rc == -ENOMEM ? APPLY_RETRYABLE : db_error_classify(b->mysql_errno));
         }
     }
     if ((status = delete_failed_rows(s, b, jobs, n, consumer->handler_name)) != APPLY_CONTINUE)
@@ -429,6 +460,8 @@ int store_batch_run(store_session *s, store_job **jobs, size_t n)
     }
     const config_consumer *consumer = &s->cfg->consumers[jobs[0]->consumer_index];
     memset(b->final, 0, n);
+    outbox_writer_clear(s->outbox);
+    b->outbox_rows = 0;
     b->error[0] = '\0';
     b->mysql_errno = 0;
     apply_status batch =

@@ -63,6 +63,8 @@ struct store_pool {
     unsigned batch_max;
     uint64_t linger_ns;
     atomic_long commits_until_kill;       /* IDEMQ_TEST_KILL_AFTER_COMMITS; 0: never */
+    void (*outbox_notify)(void *ctx);     /* set before the first submit; may be NULL */
+    void *outbox_notify_ctx;
     store_worker *workers;
     size_t worker_count;
     size_t sessions_initialised;          /* sessions to close (may exceed workers started) */
@@ -145,6 +147,11 @@ static void run_jobs(store_worker *w, size_t n)
     } else {
         unavailable = store_batch_run(&w->session, jobs, n) != 0;
         maybe_kill_after_commit(w->pool, jobs, n);
+        if (w->session.outbox_committed > 0) {
+            w->session.outbox_committed = 0;
+            if (w->pool->outbox_notify)
+                w->pool->outbox_notify(w->pool->outbox_notify_ctx);
+        }
     }
     if (unavailable) {
         store_session_disconnect(&w->session);
@@ -372,6 +379,12 @@ fail:
     snprintf(err, err_len, "out of memory");
     free_pool_memory(pool);
     return -1;
+}
+
+void store_pool_set_outbox_notify(store_pool *pool, void (*notify)(void *ctx), void *ctx)
+{
+    pool->outbox_notify = notify;
+    pool->outbox_notify_ctx = ctx;
 }
 
 int store_submit(store_pool *pool, store_job *job)

@@ -12,6 +12,7 @@
 #include "db/error.h"
 #include "db/prepare.h"
 #include "handlers/handler.h"
+#include "outbox/writer.h"
 #include "store/batch.h"
 
 static const char dedup_insert_sql[] =
@@ -23,7 +24,8 @@ int store_session_init(store_session *s, const config *cfg)
     s->cfg = cfg;
     s->handler_states = calloc(cfg->consumer_count, sizeof *s->handler_states);
     s->batch = store_batch_state_new(cfg);
-    if (!s->handler_states || !s->batch) {
+    s->outbox = outbox_writer_new();
+    if (!s->handler_states || !s->batch || !s->outbox) {
         store_session_close(s);
         return -1;
     }
@@ -37,6 +39,8 @@ void store_session_close(store_session *s)
     s->handler_states = NULL;
     store_batch_state_free(s->batch);
     s->batch = NULL;
+    outbox_writer_free(s->outbox);
+    s->outbox = NULL;
 }
 
 int store_session_connect(store_session *s, const db_dsn *dsn, unsigned *error_number, char *err,
@@ -65,6 +69,8 @@ void store_session_disconnect(store_session *s)
         mysql_stmt_close(s->dedup_insert);
     s->dedup_insert = NULL;
     store_batch_state_disconnect(s->batch);
+    if (s->outbox)
+        outbox_writer_disconnect(s->outbox);
     if (s->db)
         mysql_close(s->db);
     s->db = NULL;

@@ -1,6 +1,7 @@
 /*
- * session — one DB worker's database session: its MySQL connection, the prepared dedup insert
- * and each consumer's handler state (the handlers' prepared statements). The connection is
+ * session — one DB worker's database session: its MySQL connection, the prepared dedup insert,
+ * each consumer's handler state (the handlers' prepared statements) and the outbox rows of the
+ * transaction in progress (outbox/writer.h). The connection is
  * opened lazily and dropped whole after an infrastructure error, statements and all, so the next
  * job starts from a clean session. The outage probe's two checks run on a session too: the
  * server accepts writes, and every statement a message will run prepares again.
@@ -23,6 +24,7 @@
 #include "store/store.h"
 
 struct store_batch_state;
+struct outbox_writer;
 
 typedef struct store_session {
     const config *cfg;          /* borrowed, outlives the session */
@@ -32,6 +34,8 @@ typedef struct store_session {
     struct store_batch_state *batch; /* owned: store/batch.h's arrays and statements */
     bool returning;             /* the server has INSERT … RETURNING (MariaDB 10.5 and later;
                                  * MySQL has none); set at connect */
+    struct outbox_writer *outbox; /* owned: the outbox rows of the transaction in progress */
+    size_t outbox_committed;    /* outbox rows committed since the pool last told the relay */
 } store_session;
 
 /* Fills caller-owned storage for cfg (borrowed), disconnected. Returns 0, or -1 out of memory

@@ -75,6 +75,11 @@ typedef struct store_pool store_pool;
 int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *err,
                    size_t err_len);
 
+/* Makes the workers call notify(ctx) after each COMMIT that inserted outbox rows (the relay,
+ * outbox/relay.h, then publishes them without waiting for its poll). Call before the first
+ * store_submit; notify runs on worker threads and must not block. */
+void store_pool_set_outbox_notify(store_pool *pool, void (*notify)(void *ctx), void *ctx);
+
 /* Queues job (borrowed until its on_done). Workers are woken before the loop next waits for I/O,
  * so the jobs submitted in one loop turn can share a transaction. Returns 0, or -1 when the pool
  * is shutting down (then on_done never runs). */

@@ -14,6 +14,7 @@
 #include "db/error.h"
 #include "db/prepare.h"
 #include "handlers/handler.h"
+#include "outbox/writer.h"
 
 static const char dedup_lookup_sql[] =
     "SELECT 1 FROM msg_dedup WHERE biz_key = ? AND handler_name = ?";
@@ -131,6 +132,7 @@ static apply_status verify_transaction(store_session *s, store_job *job, const c
 apply_status store_transaction_run(store_session *s, store_job *job)
 {
     const config_consumer *consumer = &s->cfg->consumers[job->consumer_index];
+    outbox_writer_clear(s->outbox);
     apply_status status = store_transaction_insert_dedup(s, job, consumer->handler_name);
     if (status != APPLY_CONTINUE) {
         mysql_rollback(s->db);
@@ -150,9 +152,15 @@ apply_status store_transaction_run(store_session *s, store_job *job)
         .state = &s->handler_states[job->consumer_index],
         .error = job->error,
         .error_len = sizeof job->error,
+        .outbox = s->outbox,
     };
     status = handler_apply(&call);
     job->mysql_errno = call.mysql_errno;
+    size_t emitted = 0;
+    if (status == APPLY_CONTINUE)
+        status = store_transaction_write_outbox(s, job, &emitted);
+    else
+        outbox_writer_clear(s->outbox);
     if (status != APPLY_UNAVAILABLE)
         status = verify_transaction(s, job, consumer->handler_name, status);
     if (status != APPLY_CONTINUE && status != APPLY_STATE_NOOP) {
@@ -163,5 +171,21 @@ apply_status store_transaction_run(store_session *s, store_job *job)
      * unknown, and the redelivery is settled by the dedup row either way. */
     if (mysql_commit(s->db) != 0)
         return store_session_fail(s, job, "commit");
+    s->outbox_committed += emitted;
     return status == APPLY_CONTINUE ? APPLY_COMMITTED : APPLY_STATE_NOOP;
+}
+
+apply_status store_transaction_write_outbox(store_session *s, store_job *job, size_t *inserted)
+{
+    db_error error;
+    int rc = outbox_writer_flush(s->outbox, s->db, inserted, &error);
+    if (rc == 0)
+        return APPLY_CONTINUE;
+    if (rc == -ENOMEM) {
+        snprintf(job->error, sizeof job->error, "outbox insert: out of memory");
+        job->mysql_errno = 0;
+        return APPLY_RETRYABLE;
+    }
+    job->mysql_errno = db_error_format(job->error, sizeof job->error, "outbox insert", &error);
+    return db_error_classify(job->mysql_errno);
 }

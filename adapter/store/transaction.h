@@ -4,6 +4,7 @@
  *   INSERT INTO msg_dedup(biz_key, handler_name)  (the unique index decides duplicates)
  *   SAVEPOINT idemq_txn_guard
  *   the consumer's handler (same transaction)
+ *   INSERT INTO idemq_outbox …  (the rows of the handler's emits, outbox/writer.h)
  *   RELEASE SAVEPOINT idemq_txn_guard  (proof the transaction is still idemq's)
  *   COMMIT, or ROLLBACK on anything but success
  * Errors: returns the message's apply_status, with job->error and job->mysql_errno set for
@@ -36,6 +37,10 @@ apply_status store_transaction_run(store_session *s, store_job *job);
  * otherwise (deadlock, lock wait timeout, connection). */
 apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
                                             const char *handler_name);
+
+/* Inserts the outbox rows s->outbox holds, in the open transaction: APPLY_CONTINUE with their
+ * number in *inserted, or the classified failure (job->error set; the caller rolls back). */
+apply_status store_transaction_write_outbox(store_session *s, store_job *job, size_t *inserted);
 
 /*
  * After a savepoint set in idemq's transaction was found gone (ER_SP_DOES_NOT_EXIST) while job's

@@ -23,11 +23,17 @@
  *
  *     cc -shared -fPIC -fvisibility=hidden -I/usr/include ledger.c -o ledger.so
  *
- * Versioning. IDEMQ_PLUGIN_ABI_VERSION changes whenever a struct below changes incompatibly;
- * idemq refuses, at startup (exit 2), a plugin whose abi_version differs from its own, or that
- * lacks the entry symbol. The host table carries its own size so that later minor versions can
- * append functions: a plugin may rely on a host function only when host->size covers it
- * (IDEMQ_HOST_HAS(host, member)).
+ * Versioning. IDEMQ_PLUGIN_ABI_VERSION changes whenever the ABI changes; idemq refuses, at
+ * startup (exit 2), a plugin whose abi_version is outside IDEMQ_PLUGIN_ABI_OLDEST ..
+ * IDEMQ_PLUGIN_ABI_VERSION, or that lacks the entry symbol. Versions only append to the host
+ * table, which carries its own size: a plugin may rely on a host function only when host->size
+ * covers it (IDEMQ_HOST_HAS(host, member)); version 2 appended emit.
+ *
+ * Emitting (version 2). host->emit adds a downstream message to idemq's outbox: a row written in
+ * the same transaction, published by idemq's relay after the COMMIT, with publisher confirms. It
+ * is published only if handle() returns IDEMQ_OK and the transaction commits; its biz_key (and
+ * AMQP message_id) is derived from the incoming biz_key, the handler name and the emit's name, so
+ * a re-publish is deduplicated downstream. Call it at most once per name per message.
  *
  * Threads. idemq calls init() once per consumer, on the main thread, before any message, and
  * free() once, after the last handle() has returned. handle() runs on the DB worker threads —
@@ -61,7 +67,10 @@
 extern "C" {
 #endif
 
-#define IDEMQ_PLUGIN_ABI_VERSION 1
+/* 2 added host->emit (the outbox). idemq loads plugins built for 1 and 2: version 1 plugins
+ * simply never emit. */
+#define IDEMQ_PLUGIN_ABI_VERSION 2
+#define IDEMQ_PLUGIN_ABI_OLDEST 1
 
 /* Name of the symbol idemq looks up with dlsym. */
 #define IDEMQ_PLUGIN_ENTRY_SYMBOL "idemq_plugin_entry"
@@ -126,6 +135,16 @@ typedef enum idemq_log_level {
     IDEMQ_LOG_ERROR = 3,
 } idemq_log_level;
 
+/* A downstream message for host->emit (version 2). Every pointer is borrowed for the call. */
+typedef struct idemq_emit {
+    const char *name;        /* 1..64 bytes; part of the outgoing biz_key */
+    const char *exchange;    /* NULL or "": the default exchange (routing_key names the queue) */
+    const char *routing_key; /* at most 255 bytes */
+    int msgpack;             /* 0: JSON (application/json), 1: MessagePack */
+    const char *fields_json; /* a JSON object: the outgoing envelope's fields; idemq adds (or
+                                replaces) "biz_key" */
+} idemq_emit;
+
 /* The functions idemq provides to a plugin. Every function is safe to call from any worker
  * thread for the msg/tx that thread received. */
 typedef struct idemq_host_v1 {
@@ -162,6 +181,17 @@ typedef struct idemq_host_v1 {
 
     /* Writes one line to idemq's JSON log; msg (may be NULL) adds the message's context. */
     void (*log)(const idemq_message *msg, idemq_log_level level, const char *text);
+
+    /* ---- version 2 ---- */
+
+    /*
+     * Adds the downstream message e describes to the outbox, in the open transaction (see
+     * "Emitting" above). Returns 0, or -1 with the reason in err (a bad name, exchange or routing
+     * key, fields_json not a JSON object, out of memory): then nothing was added, and the plugin
+     * decides (returning IDEMQ_NON_RETRYABLE with that reason is usual).
+     */
+    int (*emit)(idemq_tx *tx, const idemq_message *msg, const struct idemq_emit *e, char *err,
+                size_t err_len);
 } idemq_host_v1;
 
 /* True when the host table has member (for functions appended by later minor versions). */

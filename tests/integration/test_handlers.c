@@ -544,7 +544,7 @@ Test(handlers, bad_plugins_stop_idemq_run_with_exit_2)
 {
     setup("plugin_abi", NULL);
     expect_run_refused(plugin_yaml(IDEMQ_BAD_ABI_PLUGIN, NULL),
-                       "has plugin ABI version 42, but this idemq needs version 1: rebuild the "
+                       "has plugin ABI version 42, but this idemq loads versions 1 to 2: rebuild the "
                        "plugin against this idemq's include/idemq/plugin.h");
     expect_run_refused(plugin_yaml(IDEMQ_NO_ENTRY_PLUGIN, NULL),
                        "does not export idemq_plugin_entry()");

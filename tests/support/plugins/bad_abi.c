@@ -12,7 +12,7 @@ static idemq_result bad_handle(void *state, const idemq_host_v1 *host, const ide
 }
 
 static const idemq_plugin_v1 bad_plugin = {
-    .abi_version = IDEMQ_PLUGIN_ABI_VERSION + 41,
+    .abi_version = 42, /* far beyond any version idemq speaks */
     .name = "bad_abi",
     .handle = bad_handle,
 };

@@ -1,0 +1,438 @@
+/*
+ * writer — see writer.h.
+ *
+ * Every row's strings and body live in one byte arena that is reset, not freed, at each flush:
+ * after the first few transactions a worker writes its rows without allocating. Rows point into
+ * the arena by offset, since it may move while it grows.
+ */
+#include "outbox/writer.h"
+
+#include <errno.h>
+#include <msgpack.h>
+#include <openssl/evp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db/bind.h"
+#include "db/prepare.h"
+
+#define INSERT_PARAMS 8
+
+static const char insert_sql[] =
+    "INSERT INTO idemq_outbox (source_biz_key, handler_name, emit_name, biz_key, exchange, "
+    "routing_key, content_type, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
+
+/* A span of the arena. */
+typedef struct span {
+    size_t off, len;
+} span;
+
+typedef struct outbox_row {
+    size_t item;
+    bool dropped;
+    /* source_biz_key, handler_name, emit_name, biz_key, exchange, routing_key, content_type,
+     * body: the INSERT's parameters in order */
+    span parts[INSERT_PARAMS];
+} outbox_row;
+
+struct outbox_writer {
+    char *arena;
+    size_t used, cap;
+    bool out_of_memory;  /* an append failed: the row being built is abandoned */
+    outbox_row *rows;
+    size_t count, rows_cap;
+    MYSQL_STMT *insert;  /* prepared on first flush, on the session's connection */
+};
+
+void outbox_derive_key(const char *source_biz_key, const char *handler_name,
+                       const char *emit_name, char *out)
+{
+    const char *parts[3] = {source_biz_key, handler_name, emit_name};
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int digest_len = 0;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    /* Each part behind its length: ("a", "bc") and ("ab", "c") must not derive one key. */
+    bool ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1;
+    for (size_t i = 0; ok && i < 3; i++) {
+        uint64_t n = strlen(parts[i]);
+        unsigned char le[8];
+        for (int b = 0; b < 8; b++)
+            le[b] = (unsigned char)(n >> (8 * b));
+        ok = EVP_DigestUpdate(md, le, sizeof le) == 1 && EVP_DigestUpdate(md, parts[i], n) == 1;
+    }
+    ok = ok && EVP_DigestFinal_ex(md, digest, &digest_len) == 1 && digest_len == 32;
+    EVP_MD_CTX_free(md);
+    if (!ok)
+        abort(); /* SHA-256 cannot fail but for memory: a key we cannot derive must not exist */
+    memcpy(out, OUTBOX_KEY_PREFIX, sizeof OUTBOX_KEY_PREFIX - 1);
+    char *hex = out + sizeof OUTBOX_KEY_PREFIX - 1;
+    for (unsigned i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+}
+
+outbox_writer *outbox_writer_new(void)
+{
+    return calloc(1, sizeof(outbox_writer));
+}
+
+void outbox_writer_disconnect(outbox_writer *w)
+{
+    if (w && w->insert) {
+        mysql_stmt_close(w->insert);
+        w->insert = NULL;
+    }
+}
+
+void outbox_writer_free(outbox_writer *w)
+{
+    if (!w)
+        return;
+    outbox_writer_disconnect(w);
+    free(w->arena);
+    free(w->rows);
+    free(w);
+}
+
+static bool reserve(outbox_writer *w, size_t more)
+{
+    if (w->out_of_memory)
+        return false;
+    if (w->cap - w->used >= more)
+        return true;
+    size_t cap = w->cap ? w->cap : 4096;
+    while (cap - w->used < more) {
+        if (cap > SIZE_MAX / 2) {
+            w->out_of_memory = true;
+            return false;
+        }
+        cap *= 2;
+    }
+    char *arena = realloc(w->arena, cap);
+    if (!arena) {
+        w->out_of_memory = true;
+        return false;
+    }
+    w->arena = arena;
+    w->cap = cap;
+    return true;
+}
+
+static void append(outbox_writer *w, const void *data, size_t len)
+{
+    if (!reserve(w, len))
+        return;
+    memcpy(w->arena + w->used, data, len);
+    w->used += len;
+}
+
+static span append_text(outbox_writer *w, const char *text)
+{
+    span s = {.off = w->used, .len = strlen(text)};
+    append(w, text, s.len);
+    return s;
+}
+
+/* --------------------------------------------------------------------------------- JSON body */
+
+static void append_json_string(outbox_writer *w, const char *s, size_t len)
+{
+    static const char hexdig[] = "0123456789abcdef";
+    append(w, "\"", 1);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            char esc[2] = {'\\', (char)c};
+            append(w, esc, 2);
+        } else if (c < 0x20) {
+            char esc[6] = {'\\', 'u', '0', '0', hexdig[c >> 4], hexdig[c & 15]};
+            append(w, esc, 6);
+        } else {
+            append(w, &s[i], 1);
+        }
+    }
+    append(w, "\"", 1);
+}
+
+static void append_json_value(outbox_writer *w, const json_t *value)
+{
+    size_t need = json_dumpb(value, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (need == 0 || !reserve(w, need)) {
+        w->out_of_memory = true;
+        return;
+    }
+    w->used += json_dumpb(value, w->arena + w->used, need, JSON_COMPACT | JSON_ENCODE_ANY);
+}
+
+/* ---------------------------------------------------------------------------- MessagePack body */
+
+static int msgpack_to_arena(void *data, const char *buf, size_t len)
+{
+    outbox_writer *w = data;
+    append(w, buf, len);
+    return w->out_of_memory ? -1 : 0;
+}
+
+static void pack_json(msgpack_packer *pk, const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *key;
+        const json_t *member;
+        msgpack_pack_map(pk, json_object_size(v));
+        json_object_foreach ((json_t *)v, key, member) {
+            size_t n = strlen(key);
+            msgpack_pack_str(pk, n);
+            msgpack_pack_str_body(pk, key, n);
+            pack_json(pk, member);
+        }
+        break;
+    }
+    case JSON_ARRAY:
+        msgpack_pack_array(pk, json_array_size(v));
+        for (size_t i = 0; i < json_array_size(v); i++)
+            pack_json(pk, json_array_get(v, i));
+        break;
+    case JSON_STRING:
+        msgpack_pack_str(pk, json_string_length(v));
+        msgpack_pack_str_body(pk, json_string_value(v), json_string_length(v));
+        break;
+    case JSON_INTEGER:
+        msgpack_pack_int64(pk, json_integer_value(v));
+        break;
+    case JSON_REAL:
+        msgpack_pack_double(pk, json_real_value(v));
+        break;
+    case JSON_TRUE:
+        msgpack_pack_true(pk);
+        break;
+    case JSON_FALSE:
+        msgpack_pack_false(pk);
+        break;
+    case JSON_NULL:
+        msgpack_pack_nil(pk);
+        break;
+    }
+}
+
+/* ----------------------------------------------------------------------------------- rows */
+
+/* The value of field f for env: the incoming message's, or the constant. NULL when missing. */
+static const json_t *field_value(const config_emit_field *f, const envelope *env)
+{
+    return f->value ? f->value : envelope_field(env, f->from);
+}
+
+typedef struct body_source {
+    const config_emit *emit;   /* configured fields, or */
+    const json_t *fields;      /* a plugin's map */
+    const envelope *env;
+} body_source;
+
+static void append_body(outbox_writer *w, const body_source *src, config_emit_format format,
+                        const char *key)
+{
+    size_t n = src->emit ? src->emit->field_count : json_object_size(src->fields);
+    void *iter = src->fields ? json_object_iter((json_t *)src->fields) : NULL;
+    msgpack_packer pk;
+
+    if (format == CONFIG_EMIT_MSGPACK) {
+        msgpack_packer_init(&pk, w, msgpack_to_arena);
+        bool replaces = src->fields && json_object_get(src->fields, "biz_key");
+        msgpack_pack_map(&pk, n + (replaces ? 0 : 1));
+        msgpack_pack_str(&pk, 7);
+        msgpack_pack_str_body(&pk, "biz_key", 7);
+        msgpack_pack_str(&pk, strlen(key));
+        msgpack_pack_str_body(&pk, key, strlen(key));
+    } else {
+        append(w, "{\"biz_key\":", 11);
+        append_json_string(w, key, strlen(key));
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *name;
+        const json_t *value;
+        if (src->emit) {
+            name = src->emit->fields[i].name;
+            value = field_value(&src->emit->fields[i], src->env);
+        } else {
+            name = json_object_iter_key(iter);
+            value = json_object_iter_value(iter);
+            iter = json_object_iter_next((json_t *)src->fields, iter);
+            if (!strcmp(name, "biz_key"))
+                continue; /* idemq's: the plugin's own one is replaced */
+        }
+        if (format == CONFIG_EMIT_MSGPACK) {
+            msgpack_pack_str(&pk, strlen(name));
+            msgpack_pack_str_body(&pk, name, strlen(name));
+            pack_json(&pk, value);
+        } else {
+            append(w, ",", 1);
+            append_json_string(w, name, strlen(name));
+            append(w, ":", 1);
+            append_json_value(w, value);
+        }
+    }
+    if (format != CONFIG_EMIT_MSGPACK)
+        append(w, "}", 1);
+}
+
+static int add_row(outbox_writer *w, size_t item, const config_consumer *c, const envelope *env,
+                   const char *name, const char *exchange, const char *routing_key,
+                   config_emit_format format, const body_source *src, char *err, size_t err_len)
+{
+    char key[OUTBOX_KEY_LEN + 1];
+    size_t mark = w->used;
+
+    if (w->count == w->rows_cap) {
+        size_t cap = w->rows_cap ? 2 * w->rows_cap : 16;
+        outbox_row *rows = realloc(w->rows, cap * sizeof *rows);
+        if (!rows)
+            return -ENOMEM;
+        w->rows = rows;
+        w->rows_cap = cap;
+    }
+    outbox_derive_key(env->biz_key, c->handler_name, name, key);
+    outbox_row *row = &w->rows[w->count];
+    row->item = item;
+    row->dropped = false;
+    row->parts[0] = append_text(w, env->biz_key);
+    row->parts[1] = append_text(w, c->handler_name);
+    row->parts[2] = append_text(w, name);
+    row->parts[3] = append_text(w, key);
+    row->parts[4] = append_text(w, exchange ? exchange : "");
+    row->parts[5] = append_text(w, routing_key);
+    row->parts[6] = append_text(w, format == CONFIG_EMIT_MSGPACK ? OUTBOX_CONTENT_TYPE_MSGPACK
+                                                                 : OUTBOX_CONTENT_TYPE_JSON);
+    row->parts[7].off = w->used;
+    append_body(w, src, format, key);
+    row->parts[7].len = w->used - row->parts[7].off;
+    if (w->out_of_memory) {
+        w->out_of_memory = false;
+        w->used = mark;
+        return -ENOMEM;
+    }
+    if (row->parts[7].len > OUTBOX_BODY_MAX) {
+        w->used = mark;
+        snprintf(err, err_len, "emit %s: the outgoing message is %zu bytes; at most %zu fit",
+                 name, row->parts[7].len, OUTBOX_BODY_MAX);
+        return -1;
+    }
+    w->count++;
+    return 0;
+}
+
+int outbox_writer_add(outbox_writer *w, size_t item, const config_consumer *c,
+                      const config_emit *e, const envelope *env, char *err, size_t err_len)
+{
+    /* Every field is looked up before anything is written: a message that lacks one is
+     * dead-lettered with the field's name, and no partial row exists. */
+    for (size_t i = 0; i < e->field_count; i++) {
+        if (!field_value(&e->fields[i], env)) {
+            snprintf(err, err_len,
+                     "emit %s: the message has no field '%s' (for the outgoing field '%s')",
+                     e->name, e->fields[i].from, e->fields[i].name);
+            return -1;
+        }
+    }
+    body_source src = {.emit = e, .env = env};
+    return add_row(w, item, c, env, e->name, e->exchange, e->routing_key, e->format, &src, err,
+                   err_len);
+}
+
+static int check_name(const char *what, const char *text, size_t min, size_t max, char *err,
+                      size_t err_len)
+{
+    size_t n = text ? strlen(text) : 0;
+    if (!text || n < min || n > max) {
+        snprintf(err, err_len, "emit: %s must be %zu to %zu bytes (got %zu)", what, min, max, n);
+        return -1;
+    }
+    for (const char *p = text; *p; p++) {
+        if ((unsigned char)*p < 0x20) {
+            snprintf(err, err_len, "emit: %s must not contain control characters", what);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int outbox_writer_add_fields(outbox_writer *w, size_t item, const config_consumer *c,
+                             const envelope *env, const char *name, const char *exchange,
+                             const char *routing_key, config_emit_format format,
+                             const json_t *fields, char *err, size_t err_len)
+{
+    if (check_name("the name", name, 1, OUTBOX_NAME_MAX, err, err_len) < 0 ||
+        check_name("the exchange", exchange ? exchange : "", 0, OUTBOX_EXCHANGE_MAX, err,
+                   err_len) < 0 ||
+        check_name("the routing key", routing_key, 0, OUTBOX_ROUTING_KEY_MAX, err, err_len) < 0)
+        return -1;
+    if (!json_is_object(fields)) {
+        snprintf(err, err_len, "emit %s: the fields must be a JSON object", name);
+        return -1;
+    }
+    body_source src = {.fields = fields, .env = env};
+    return add_row(w, item, c, env, name, exchange, routing_key, format, &src, err, err_len);
+}
+
+size_t outbox_writer_pending(const outbox_writer *w)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < w->count; i++)
+        n += !w->rows[i].dropped;
+    return n;
+}
+
+void outbox_writer_drop_item(outbox_writer *w, size_t item)
+{
+    for (size_t i = 0; i < w->count; i++)
+        if (w->rows[i].item == item)
+            w->rows[i].dropped = true;
+}
+
+void outbox_writer_clear(outbox_writer *w)
+{
+    w->count = 0;
+    w->used = 0;
+    w->out_of_memory = false;
+}
+
+int outbox_writer_flush(outbox_writer *w, MYSQL *db, size_t *inserted, db_error *error)
+{
+    size_t done = 0;
+    int rc = 0;
+
+    if (inserted)
+        *inserted = 0;
+    if (outbox_writer_pending(w) == 0) {
+        outbox_writer_clear(w);
+        return 0;
+    }
+    if (!w->insert) {
+        rc = db_prepare(db, insert_sql, &w->insert, error);
+        if (rc != 0) {
+            outbox_writer_clear(w);
+            return rc;
+        }
+    }
+    for (size_t i = 0; i < w->count && rc == 0; i++) {
+        const outbox_row *row = &w->rows[i];
+        MYSQL_BIND binds[INSERT_PARAMS];
+        db_bind_slot slots[INSERT_PARAMS];
+        if (row->dropped)
+            continue;
+        memset(slots, 0, sizeof slots);
+        for (size_t p = 0; p < INSERT_PARAMS; p++)
+            db_bind_string(&binds[p], &slots[p], w->arena + row->parts[p].off, row->parts[p].len);
+        if (mysql_stmt_bind_param(w->insert, binds) != 0 || mysql_stmt_execute(w->insert) != 0) {
+            db_error_of_statement(w->insert, error);
+            rc = -1;
+            break;
+        }
+        done++;
+    }
+    outbox_writer_clear(w);
+    if (inserted)
+        *inserted = done;
+    return rc;
+}
