@@ -33,7 +33,8 @@
 /*
  * Vectors: sha256 of each part preceded by its length as 8 bytes little-endian, e.g.
  *   le() { printf "$(printf '\\x%02x\\x00\\x00\\x00\\x00\\x00\\x00\\x00' $1)"; }
- *   { le 23; printf 'order_id:o1:PAY_SUCCESS'; le 12; printf 'pay-callback'; le 4; printf 'paid'; } | sha256sum
+ *   { le 23; printf 'order_id:o1:PAY_SUCCESS'; le 12; printf 'pay-callback';
+ *     le 4; printf 'paid'; } | sha256sum
  * (the 300-byte part's length is written by hand: \x2c\x01\0\0\0\0\0\0).
  */
 typedef struct key_vector {
@@ -79,8 +80,8 @@ Test(outbox_key, is_deterministic_and_separates_every_part)
     cr_assert_str_eq(a, b, "one input, one key");
     cr_assert_eq(strncmp(a, OUTBOX_KEY_PREFIX, strlen(OUTBOX_KEY_PREFIX)), 0);
     for (const char *p = a + strlen(OUTBOX_KEY_PREFIX); *p; p++)
-        cr_assert(isxdigit((unsigned char)*p) && !isupper((unsigned char)*p),
-                  "lowercase hex: %s", a);
+        cr_assert(isxdigit((unsigned char)*p) && !isupper((unsigned char)*p), "lowercase hex: %s",
+                  a);
 
     /* Each part matters, and a byte moved from one part to the next gives another key. */
     const char *const triples[][3] = {
@@ -182,9 +183,9 @@ static void decode_incoming(const char *text)
     envelope_close(&env);
     memset(&env, 0, sizeof env);
     envelope_limits lim = {.max_body = 64 * 1024 * 1024};
-    cr_assert_eq(envelope_decode(text, strlen(text), "application/json", &lim, &env, err,
-                                 sizeof err),
-                 0, "the test's incoming message: %s", err);
+    cr_assert_eq(
+        envelope_decode(text, strlen(text), "application/json", &lim, &env, err, sizeof err), 0,
+        "the test's incoming message: %s", err);
 }
 
 /* One row of idemq_outbox as read back. Each column owned, NUL-terminated (body may hold more
@@ -433,8 +434,8 @@ static json_t *all_kinds_expected(const char *emit_name)
 static void add_ok(size_t item, const config_emit *e)
 {
     char err[256] = "";
-    cr_assert_eq(outbox_writer_add(writer, item, &consumer, e, &env, err, sizeof err), 0,
-                 "add: %s", err);
+    cr_assert_eq(outbox_writer_add(writer, item, &consumer, e, &env, err, sizeof err), 0, "add: %s",
+                 err);
 }
 
 /* --------------------------------------------------------------------------------- bodies */
@@ -498,9 +499,9 @@ Test(outbox_writer, an_incoming_msgpack_message_gives_the_same_outgoing_map)
     char err[256];
     envelope_close(&env);
     memset(&env, 0, sizeof env);
-    cr_assert_eq(envelope_decode(sb.data, sb.size, "application/msgpack", NULL, &env, err,
-                                 sizeof err),
-                 0, "%s", err);
+    cr_assert_eq(
+        envelope_decode(sb.data, sb.size, "application/msgpack", NULL, &env, err, sizeof err), 0,
+        "%s", err);
     msgpack_sbuffer_destroy(&sb);
 
     const field_spec specs[] = {{"amount", "amount", NULL}, {"x", "nested.x", NULL}};
@@ -674,8 +675,9 @@ Test(outbox_writer, many_rows_across_growing_buffers_and_flushes_stay_whole)
             char text[1024], pad[700];
             memset(pad, 'a' + (i % 26), sizeof pad - 1);
             pad[(size_t)(i % 600) + 50] = '\0';
-            snprintf(text, sizeof text, "{\"biz_key\":\"r%d-k%d\",\"order_id\":\"o%d\",\"pad\":\"%s\"}",
-                     round, i, i, pad);
+            snprintf(text, sizeof text,
+                     "{\"biz_key\":\"r%d-k%d\",\"order_id\":\"o%d\",\"pad\":\"%s\"}", round, i, i,
+                     pad);
             decode_incoming(text);
             add_ok((size_t)i, &e.emit);
         }
@@ -778,9 +780,8 @@ Test(outbox_writer, a_failed_insert_reports_the_mysql_error_and_the_next_flush_p
 
 /* ------------------------------------------------------------------ a plugin's map (host->emit) */
 
-static int add_fields(size_t item, const char *name, const char *exchange,
-                      const char *routing_key, config_emit_format format, const char *fields_json,
-                      char *err, size_t err_len)
+static int add_fields(size_t item, const char *name, const char *exchange, const char *routing_key,
+                      config_emit_format format, const char *fields_json, char *err, size_t err_len)
 {
     json_error_t jerr;
     json_t *fields = json_loads(fields_json, JSON_DECODE_ANY, &jerr);
@@ -800,11 +801,10 @@ static void plugin_map(config_emit_format format, const char *content_type)
                             "{\"biz_key\":\"the plugin's own\",\"entry\":17,\"lines\":[1,2]}", err,
                             sizeof err),
                  0, "%s", err);
-    cr_assert_eq(add_fields(0, "audit", NULL, "audit.q", format, "{\"who\":\"plugin\"}", err,
-                            sizeof err),
-                 0, "%s", err);
-    cr_assert_eq(add_fields(0, "bare", "", "bare.q", format, "{}", err, sizeof err), 0, "%s",
-                 err);
+    cr_assert_eq(
+        add_fields(0, "audit", NULL, "audit.q", format, "{\"who\":\"plugin\"}", err, sizeof err), 0,
+        "%s", err);
+    cr_assert_eq(add_fields(0, "bare", "", "bare.q", format, "{}", err, sizeof err), 0, "%s", err);
     cr_assert_eq(flush_ok(), 3);
 
     rows r = read_rows();
@@ -881,8 +881,8 @@ Test(outbox_writer, a_plugins_bad_names_targets_and_maps_are_refused)
 
     /* The limits themselves are fine: the columns hold them. */
     char err[256] = "";
-    cr_assert_eq(add_fields(0, n64, t255, t255, CONFIG_EMIT_JSON, "{\"a\":1}", err, sizeof err),
-                 0, "%s", err);
+    cr_assert_eq(add_fields(0, n64, t255, t255, CONFIG_EMIT_JSON, "{\"a\":1}", err, sizeof err), 0,
+                 "%s", err);
     cr_assert_eq(add_fields(0, "empty-rk", "", "", CONFIG_EMIT_JSON, "{\"a\":1}", err, sizeof err),
                  0, "%s", err);
     cr_assert_eq(flush_ok(), 2);

@@ -50,8 +50,8 @@ static bool json_string_of(const char *json, const char *key, char *out, size_t 
     return true;
 }
 
-static int emitter_init(const idemq_host_v1 *host, const char *config_json, void **state,
-                        char *err, size_t err_len)
+static int emitter_init(const idemq_host_v1 *host, const char *config_json, void **state, char *err,
+                        size_t err_len)
 {
     if (!IDEMQ_HOST_HAS(host, emit)) {
         snprintf(err, err_len, "the host has no emit (ABI %u)", (unsigned)host->abi_version);
@@ -77,9 +77,8 @@ static bool flag(const idemq_host_v1 *host, const idemq_message *msg, const char
     return host->field(msg, name, &v) == 0 && v.type == IDEMQ_TYPE_BOOL && v.i;
 }
 
-static idemq_result emitter_handle(void *state, const idemq_host_v1 *host,
-                                   const idemq_message *msg, idemq_tx *tx, char *reason,
-                                   size_t reason_len)
+static idemq_result emitter_handle(void *state, const idemq_host_v1 *host, const idemq_message *msg,
+                                   idemq_tx *tx, char *reason, size_t reason_len)
 {
     const emitter_state *st = state;
     idemq_value params[3];
@@ -96,8 +95,8 @@ static idemq_result emitter_handle(void *state, const idemq_host_v1 *host,
     }
     params[0] = (idemq_value){.type = IDEMQ_TYPE_STRING, .s = host->biz_key(msg)};
     params[0].len = strlen(params[0].s);
-    if (host->exec(tx, "INSERT INTO ledger (biz_key, order_id, amount) VALUES (?, ?, ?)", params,
-                   3, &res) != 0) {
+    if (host->exec(tx, "INSERT INTO ledger (biz_key, order_id, amount) VALUES (?, ?, ?)", params, 3,
+                   &res) != 0) {
         snprintf(reason, reason_len, "the ledger insert failed: %s", res.error);
         return res.mysql_errno ? host->classify(res.mysql_errno) : IDEMQ_NON_RETRYABLE;
     }
