@@ -158,6 +158,8 @@ void bench_db_reset(const db_dsn *dsn, const bench_workload *w)
     bench_sql(db, "CREATE DATABASE " BENCH_DATABASE);
     bench_sql(db, "USE " BENCH_DATABASE);
     bench_sql(db, store_dedup_ddl);
+    bench_sql(db, store_outbox_ddl);
+    bench_sql(db, store_outbox_lease_ddl);
     bench_sql(db, "CREATE TABLE orders (order_id VARCHAR(64) PRIMARY KEY, status VARCHAR(32) NOT "
                   "NULL, amount BIGINT NULL) ENGINE=InnoDB");
     bench_insert_orders(db, 'b', w->orders);

@@ -166,7 +166,14 @@ static double run_broker_baseline(void)
 
 static char config_path[64];
 
-static void write_config(int run_batch)
+/* emit: one downstream message per applied event, relayed to QUEUE_EMITTED. */
+#define QUEUE_EMITTED "bench.emitted"
+static const char emit_yaml[] =
+    "        PAY_SUCCESS:\n          from: [PAYING]\n          to: PAID\n"
+    "          emit: {name: order-paid, routing_key: " QUEUE_EMITTED ", fields: {order_id: "
+    "order_id, amount: amount, event_type: {value: ORDER_PAID}}}\n";
+
+static void write_config(int run_batch, bool emit)
 {
     snprintf(config_path, sizeof config_path, "/tmp/idemq-bench-XXXXXX");
     int fd = mkstemp(config_path);
@@ -183,9 +190,10 @@ static void write_config(int run_batch)
             "consumers:\n  - queue: " QUEUE_IDEMQ "\n    handler_name: pay-callback\n"
             "    handler:\n      type: state_machine\n      table: orders\n"
             "      key_column: order_id\n      key_field: order_id\n      state_column: status\n"
-            "      event_field: event_type\n      transitions:\n"
-            "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n      set: {amount: amount}\n",
-            getenv("IDEMQ_TEST_AMQP_URL"), prefetch, url, workers, run_batch, linger);
+            "      event_field: event_type\n      transitions:\n%s"
+            "      set: {amount: amount}\n",
+            getenv("IDEMQ_TEST_AMQP_URL"), prefetch, url, workers, run_batch, linger,
+            emit ? emit_yaml : "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n");
     fclose(f);
 }
 
@@ -366,6 +374,31 @@ static double live_rate(MYSQL *db)
 }
 
 /* idemq at run_batch: drains the preloaded workload; with latency, then the two paced runs. */
+/* The rate of idemq with one emit per applied event, until every downstream message is
+ * confirmed by the broker and marked published (the relay's whole path). */
+static double run_idemq_emitting(int run_batch)
+{
+    bench_db_reset(&dsn, &workload);
+    MYSQL *db = bench_db_connect(&dsn, BENCH_DATABASE);
+    mysql_autocommit(db, 1);
+    amqp_connection_state_t conn = amqp_open(0, 0);
+    fresh_queue(conn, QUEUE_EMITTED);
+    preload(QUEUE_IDEMQ);
+    write_config(run_batch, true);
+    double start = now_s();
+    pid_t pid = spawn_idemq();
+    wait_rows(db, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1", workload.orders, 600);
+    double rate = workload.count / (now_s() - start);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    unlink(config_path);
+    amqp_queue_delete(conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_EMITTED), 0, 0);
+    amqp_get_rpc_reply(conn);
+    broker_close(conn);
+    mysql_close(db);
+    return rate;
+}
+
 static idemq_result run_idemq(int run_batch, bool latency)
 {
     idemq_result r = {0};
@@ -379,7 +412,7 @@ static idemq_result run_idemq(int run_batch, bool latency)
         bench_insert_orders(db, 'h', workload.orders);
     }
     preload(QUEUE_IDEMQ);
-    write_config(run_batch);
+    write_config(run_batch, false);
     double start = now_s();
     pid_t pid = spawn_idemq();
     wait_rows(db, "SELECT COUNT(*) FROM msg_dedup", workload.orders, 600);
@@ -480,7 +513,8 @@ int main(int argc, char **argv)
            "machine's %ld cores\n",
            workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
            batch, sysconf(_SC_NPROCESSORS_ONLN));
-    double broker[50], db_one[50], db_batched[50], idemq_one[50], idemq_batched[50];
+    double broker[50], db_one[50], db_batched[50], idemq_one[50], idemq_batched[50],
+        idemq_emit[50];
     idemq_result last = {0};
     double rss_one = 0;
     for (int r = 0; r < runs; r++) {
@@ -492,13 +526,15 @@ int main(int argc, char **argv)
         rss_one = one.rss_mib;
         last = run_idemq(batch, r == runs - 1);
         idemq_batched[r] = last.rate;
+        idemq_emit[r] = run_idemq_emitting(batch);
         if (runs > 1)
             printf("run %d: broker %.0f, db %.0f / %.0f, idemq %.0f / %.0f msg/s\n", r + 1,
                    broker[r], db_one[r], db_batched[r], idemq_one[r], idemq_batched[r]);
         fflush(stdout);
     }
     double b = median(broker, runs), d1 = median(db_one, runs), db = median(db_batched, runs),
-           i1 = median(idemq_one, runs), ib = median(idemq_batched, runs);
+           i1 = median(idemq_one, runs), ib = median(idemq_batched, runs),
+           ie = median(idemq_emit, runs);
     const char *m = runs > 1 ? "median " : "";
     printf("broker   raw consume + ack (prefetch %d)            %s%7.0f msg/s\n", prefetch, m, b);
     printf("db       one transaction per message               %s%7.0f msg/s   idemq's statements "
@@ -514,6 +550,9 @@ int main(int argc, char **argv)
     printf("idemq    mysql.batch %-4d                          %s%7.0f msg/s   peak RSS %.1f MiB "
            "(prefetch %d)\n",
            batch, m, ib, last.rss_mib, prefetch);
+    printf("idemq    mysql.batch %-4d, one emit each           %s%7.0f msg/s   = %.2f × without; "
+           "until every emitted message is confirmed and marked published\n",
+           batch, m, ie, ie / ib);
     printf("latency  light load, %d msg/s                     p50 %6.1f ms  p99 %6.1f ms   "
            "publish to commit, %d samples\n",
            LIGHT_RATE, percentile(&last.light, 0.5), percentile(&last.light, 0.99),
