@@ -21,7 +21,7 @@ static void usage(FILE *out)
           "commands:\n"
           "  run -c FILE                 consume and apply messages until SIGTERM\n"
           "  check -c FILE               validate config, connect to both servers, print the plan\n"
-          "  migrate -c FILE             create or upgrade msg_dedup and the outbox tables (re-runnable)\n"
+          "  migrate -c FILE             create or upgrade idemq's tables (re-runnable)\n"
           "  topology -c FILE [--dry-run]  declare (or only print) queues and exchanges\n"
           "  dlq list -c FILE [--queue Q] [--limit N] [--json]\n"
           "  dlq replay -c FILE [--queue Q] (--biz-key K | --all) [--limit N] [--json]\n"

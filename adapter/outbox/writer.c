@@ -40,14 +40,14 @@ typedef struct outbox_row {
 struct outbox_writer {
     char *arena;
     size_t used, cap;
-    bool out_of_memory;  /* an append failed: the row being built is abandoned */
+    bool out_of_memory; /* an append failed: the row being built is abandoned */
     outbox_row *rows;
     size_t count, rows_cap;
-    MYSQL_STMT *insert;  /* prepared on first flush, on the session's connection */
+    MYSQL_STMT *insert; /* prepared on first flush, on the session's connection */
 };
 
-void outbox_derive_key(const char *source_biz_key, const char *handler_name,
-                       const char *emit_name, char *out)
+void outbox_derive_key(const char *source_biz_key, const char *handler_name, const char *emit_name,
+                       char *out)
 {
     const char *parts[3] = {source_biz_key, handler_name, emit_name};
     unsigned char digest[EVP_MAX_MD_SIZE];
@@ -181,7 +181,8 @@ static void pack_json(msgpack_packer *pk, const json_t *v)
         const char *key;
         const json_t *member;
         msgpack_pack_map(pk, json_object_size(v));
-        json_object_foreach ((json_t *)v, key, member) {
+        json_object_foreach((json_t *)v, key, member)
+        {
             size_t n = strlen(key);
             msgpack_pack_str(pk, n);
             msgpack_pack_str_body(pk, key, n);
@@ -225,8 +226,8 @@ static const json_t *field_value(const config_emit_field *f, const envelope *env
 }
 
 typedef struct body_source {
-    const config_emit *emit;   /* configured fields, or */
-    const json_t *fields;      /* a plugin's map */
+    const config_emit *emit; /* configured fields, or */
+    const json_t *fields;    /* a plugin's map */
     const envelope *env;
 } body_source;
 
@@ -314,16 +315,16 @@ static int add_row(outbox_writer *w, size_t item, const config_consumer *c, cons
     }
     if (row->parts[7].len > OUTBOX_BODY_MAX) {
         w->used = mark;
-        snprintf(err, err_len, "emit %s: the outgoing message is %zu bytes; at most %zu fit",
-                 name, row->parts[7].len, OUTBOX_BODY_MAX);
+        snprintf(err, err_len, "emit %s: the outgoing message is %zu bytes; at most %zu fit", name,
+                 row->parts[7].len, OUTBOX_BODY_MAX);
         return -1;
     }
     w->count++;
     return 0;
 }
 
-int outbox_writer_add(outbox_writer *w, size_t item, const config_consumer *c,
-                      const config_emit *e, const envelope *env, char *err, size_t err_len)
+int outbox_writer_add(outbox_writer *w, size_t item, const config_consumer *c, const config_emit *e,
+                      const envelope *env, char *err, size_t err_len)
 {
     /* Every field is looked up before anything is written: a message that lacks one is
      * dead-lettered with the field's name, and no partial row exists. */
@@ -363,8 +364,8 @@ int outbox_writer_add_fields(outbox_writer *w, size_t item, const config_consume
                              const json_t *fields, char *err, size_t err_len)
 {
     if (check_name("the name", name, 1, OUTBOX_NAME_MAX, err, err_len) < 0 ||
-        check_name("the exchange", exchange ? exchange : "", 0, OUTBOX_EXCHANGE_MAX, err,
-                   err_len) < 0 ||
+        check_name("the exchange", exchange ? exchange : "", 0, OUTBOX_EXCHANGE_MAX, err, err_len) <
+            0 ||
         check_name("the routing key", routing_key, 0, OUTBOX_ROUTING_KEY_MAX, err, err_len) < 0)
         return -1;
     if (!json_is_object(fields)) {
