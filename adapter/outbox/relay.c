@@ -470,7 +470,7 @@ static void relay_main(void *arg)
     }
     if (r->db && r->leader) {
         if (relay_db_release(r->db, r->owner, err, sizeof err) != 0)
-            log_warn(LOG_NO_CONTEXT, "%s", err);
+            log_warn(LOG_NO_CONTEXT, "outbox relay: %s", err);
         else
             log_info(LOG_NO_CONTEXT, "outbox relay: leader lease released (owner %s)", r->owner);
     }

@@ -39,14 +39,14 @@ MYSQL *relay_db_connect(const db_dsn *dsn, char *err, size_t err_len)
     /* db_connect turns autocommit off for the workers' transactions; each statement of the relay
      * is a transaction of its own. */
     if (mysql_autocommit(db, 1) != 0) {
-        db_error_format_connection(err, err_len, "outbox relay: autocommit", db);
+        db_error_format_connection(err, err_len, "autocommit", db);
         mysql_close(db);
         return NULL;
     }
     if (query(db,
               "INSERT IGNORE INTO idemq_outbox_lease (name, owner, expires_at) "
               "VALUES ('default', '', NOW(6) - INTERVAL 1 SECOND)",
-              "outbox relay: creating the lease row", err, err_len) != 0) {
+              "creating the lease row", err, err_len) != 0) {
         mysql_close(db);
         return NULL;
     }
@@ -65,7 +65,7 @@ int relay_db_lease(MYSQL *db, const char *owner, uint64_t lease_ms, bool *leader
              "expires_at = NOW(6) + INTERVAL %" PRIu64 " MICROSECOND "
              "WHERE name = 'default' AND (owner = '%s' OR expires_at < NOW(6))",
              owner_sql, lease_ms * 1000, owner_sql);
-    if (query(db, sql, "outbox relay: lease", err, err_len) != 0)
+    if (query(db, sql, "lease", err, err_len) != 0)
         return -1;
     *leader = mysql_affected_rows(db) == 1;
     return 0;
@@ -79,7 +79,7 @@ int relay_db_release(MYSQL *db, const char *owner, char *err, size_t err_len)
              "UPDATE idemq_outbox_lease SET expires_at = NOW(6) - INTERVAL 1 SECOND "
              "WHERE name = 'default' AND owner = '%s'",
              owner_sql);
-    return query(db, sql, "outbox relay: releasing the lease", err, err_len);
+    return query(db, sql, "releasing the lease", err, err_len);
 }
 
 static int copy_bytes(relay_bytes *out, const char *data, unsigned long len)
@@ -123,11 +123,11 @@ int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, c
              "content_type, body, UNIX_TIMESTAMP(created_at) FROM idemq_outbox WHERE state = 0 "
              "ORDER BY id LIMIT %u",
              batch);
-    if (query(db, sql, "outbox relay: reading pending rows", err, err_len) != 0)
+    if (query(db, sql, "reading pending rows", err, err_len) != 0)
         return -1;
     MYSQL_RES *res = mysql_store_result(db);
     if (!res) {
-        db_error_format_connection(err, err_len, "outbox relay: reading pending rows", db);
+        db_error_format_connection(err, err_len, "reading pending rows", db);
         return -1;
     }
     size_t n = (size_t)mysql_num_rows(res);
@@ -138,7 +138,7 @@ int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, c
     relay_row *out = calloc(n, sizeof *out);
     if (!out) {
         mysql_free_result(res);
-        snprintf(err, err_len, "outbox relay: out of memory for %zu rows", n);
+        snprintf(err, err_len, "out of memory for %zu rows", n);
         return -1;
     }
     size_t i = 0;
@@ -153,7 +153,7 @@ int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, c
             if (copy_bytes(fields[k], row[k + 1] ? row[k + 1] : "", row[k + 1] ? lens[k + 1] : 0)) {
                 relay_rows_free(out, i + 1);
                 mysql_free_result(res);
-                snprintf(err, err_len, "outbox relay: out of memory for row %" PRId64, r->id);
+                snprintf(err, err_len, "out of memory for row %" PRId64, r->id);
                 return -1;
             }
         }
@@ -184,7 +184,7 @@ static int mark_one(MYSQL *db, const relay_row *row, char *err, size_t err_len)
                  "UPDATE idemq_outbox SET attempts = attempts + 1, last_error = '%s' "
                  "WHERE id = %" PRId64 " AND state = 0",
                  text, row->id);
-    return query(db, sql, "outbox relay: marking a row", err, err_len);
+    return query(db, sql, "marking a row", err, err_len);
 }
 
 int relay_db_mark(MYSQL *db, const relay_row *rows, size_t count, bool delete_published,
@@ -199,7 +199,7 @@ int relay_db_mark(MYSQL *db, const relay_row *rows, size_t count, bool delete_pu
         size_t cap = 128 + published * 22;
         char *sql = malloc(cap);
         if (!sql) {
-            snprintf(err, err_len, "outbox relay: out of memory marking %zu rows", published);
+            snprintf(err, err_len, "out of memory marking %zu rows", published);
             return -1;
         }
         size_t n = (size_t)snprintf(sql, cap, "%s",
@@ -215,7 +215,7 @@ int relay_db_mark(MYSQL *db, const relay_row *rows, size_t count, bool delete_pu
             first = false;
         }
         snprintf(sql + n, cap - n, ")");
-        int rc = query(db, sql, "outbox relay: marking published rows", err, err_len);
+        int rc = query(db, sql, "marking published rows", err, err_len);
         free(sql);
         if (rc != 0)
             return -1;
@@ -240,12 +240,12 @@ int relay_db_pending(MYSQL *db, uint64_t *pending, double *oldest_s, char *err, 
     if (query(db,
               "SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(3)) "
               "FROM idemq_outbox WHERE state = 0",
-              "outbox relay: counting pending rows", err, err_len) != 0)
+              "counting pending rows", err, err_len) != 0)
         return -1;
     MYSQL_RES *res = mysql_store_result(db);
     MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
     if (!row) {
-        db_error_format_connection(err, err_len, "outbox relay: counting pending rows", db);
+        db_error_format_connection(err, err_len, "counting pending rows", db);
         if (res)
             mysql_free_result(res);
         return -1;
@@ -267,7 +267,7 @@ int relay_db_sweep(MYSQL *db, uint64_t retention_ms, unsigned max_statements, ui
              "%" PRIu64 " MICROSECOND ORDER BY published_at LIMIT %d",
              retention_ms * 1000, SWEEP_LIMIT);
     for (unsigned i = 0; i < max_statements; i++) {
-        if (query(db, sql, "outbox relay: retention", err, err_len) != 0)
+        if (query(db, sql, "retention", err, err_len) != 0)
             return -1;
         my_ulonglong n = mysql_affected_rows(db);
         *deleted += n;

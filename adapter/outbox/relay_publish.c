@@ -270,6 +270,9 @@ static int channel_closed(relay_broker *b, const amqp_channel_close_t *m, char *
         drop(b);
         return BROKER_E_FAILED;
     }
+    log_warn(LOG_NO_CONTEXT, "outbox relay: the broker closed the channel (%u %.*s); reopening "
+             "it, the rows after the one that caused it go out next round", m->reply_code,
+             (int)m->reply_text.len, (const char *)m->reply_text.bytes);
     forget(b, exchange);
     for (size_t i = 0; i < b->row_count; i++) {
         relay_row *row = &b->rows[i];
