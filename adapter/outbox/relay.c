@@ -45,8 +45,8 @@
 #define STOP_FORCE_MS 5000
 
 /* 100 ms doubling to 5 s, a little jitter so that replicas do not retry in step. */
-static const backoff_policy retry_backoff = {.initial_ms = 100, .max_ms = 5000,
-                                             .jitter_percent = 20};
+static const backoff_policy retry_backoff = {
+    .initial_ms = 100, .max_ms = 5000, .jitter_percent = 20};
 
 struct outbox_relay {
     /* set at start */
@@ -63,11 +63,11 @@ struct outbox_relay {
     uv_mutex_t lock;
     uv_cond_t exited_cond;
     bool stopping, exited;
-    int64_t stop_ms;        /* when outbox_relay_stop was called */
-    int db_fd, amqp_fd;     /* the connections' sockets while open, else -1 */
+    int64_t stop_ms;    /* when outbox_relay_stop was called */
+    int db_fd, amqp_fd; /* the connections' sockets while open, else -1 */
     outbox_relay_stats stats;
-    int64_t stats_ms;       /* when stats.pending / oldest_pending_s were counted; 0: never */
-    int64_t progress_ms;    /* when the loop last finished a pass */
+    int64_t stats_ms;    /* when stats.pending / oldest_pending_s were counted; 0: never */
+    int64_t progress_ms; /* when the loop last finished a pass */
 
     /* the thread's */
     MYSQL *db;
@@ -78,7 +78,7 @@ struct outbox_relay {
     int64_t next_lease_ms, next_db_ms, next_amqp_ms, next_scan_ms, next_stats_ms, next_sweep_ms;
     int64_t nack_until_ms;
     unsigned db_failures, amqp_failures, nack_rounds;
-    bool scan_wanted;        /* notified, or the poll interval passed */
+    bool scan_wanted; /* notified, or the poll interval passed */
     unsigned long confirmed_rounds;
     char last_logged[512];
     int64_t last_logged_ms;
@@ -155,7 +155,7 @@ static void report(outbox_relay *r, const char *text)
         return;
     copy_text(r->last_logged, sizeof r->last_logged, text);
     r->last_logged_ms = now;
-    log_warn(LOG_NO_CONTEXT, "%s", text);
+    log_warn(LOG_NO_CONTEXT, "outbox relay: %s", text);
 }
 
 static uint64_t backoff(outbox_relay *r, unsigned failures)
@@ -184,9 +184,7 @@ static void set_leader(outbox_relay *r, bool leader, const char *why)
 
 static void db_down(outbox_relay *r, const char *text)
 {
-    char line[700];
-    snprintf(line, sizeof line, "outbox relay: %s", text);
-    report(r, line);
+    report(r, text);
     close_db(r);
     set_leader(r, false, "the database connection failed");
     r->next_db_ms = now_ms() + (int64_t)backoff(r, r->db_failures++);
@@ -212,7 +210,7 @@ static void db_up(outbox_relay *r)
 static void amqp_down(outbox_relay *r, const char *text)
 {
     char line[1200];
-    snprintf(line, sizeof line, "outbox relay: RabbitMQ: %s", text);
+    snprintf(line, sizeof line, "RabbitMQ: %s", text);
     report(r, line);
     relay_broker_close(&r->broker); /* dropped already after an error: a no-op then */
     r->next_amqp_ms = now_ms() + (int64_t)backoff(r, r->amqp_failures++);
@@ -298,20 +296,22 @@ static bool run_round(outbox_relay *r)
         nacked += rows[i].outcome == RELAY_ROW_NACKED;
     }
     if (!broker_failed && unknown == 0 && r->kill_after && ++r->confirmed_rounds >= r->kill_after) {
-        log_warn(LOG_NO_CONTEXT, "outbox relay: %s=%lu: killing the process after the confirms "
+        log_warn(LOG_NO_CONTEXT,
+                 "outbox relay: %s=%lu: killing the process after the confirms "
                  "of round %lu, before marking its %zu row(s)",
                  OUTBOX_RELAY_KILL_ENV, r->kill_after, r->confirmed_rounds, count);
         raise(SIGKILL);
     }
     relay_mark_result done = {0};
-    int mark_rc = r->db ? relay_db_mark(r->db, rows, count, r->retention_ms == 0, &done, err,
-                                        sizeof err)
-                        : -1;
+    int mark_rc =
+        r->db ? relay_db_mark(r->db, rows, count, r->retention_ms == 0, &done, err, sizeof err)
+              : -1;
     for (size_t i = 0; i < count; i++) {
         if (rows[i].outcome == RELAY_ROW_UNROUTABLE)
-            log_warn(LOG_NO_CONTEXT, "outbox relay: row %" PRId64 " (biz_key %s) is unroutable "
-                     "and will not be retried: %s", rows[i].id, rows[i].biz_key.data,
-                     rows[i].error);
+            log_warn(LOG_NO_CONTEXT,
+                     "outbox relay: row %" PRId64 " (biz_key %s) is unroutable "
+                     "and will not be retried: %s",
+                     rows[i].id, rows[i].biz_key.data, rows[i].error);
     }
     uv_mutex_lock(&r->lock);
     r->stats.published_total += done.published;
@@ -321,16 +321,15 @@ static bool run_round(outbox_relay *r)
     if (done.unroutable)
         for (size_t i = count; i-- > 0;)
             if (rows[i].outcome == RELAY_ROW_UNROUTABLE) {
-                snprintf(line, sizeof line, "outbox relay: row %" PRId64 ": %s", rows[i].id,
-                         rows[i].error);
+                snprintf(line, sizeof line, "row %" PRId64 ": %s", rows[i].id, rows[i].error);
                 set_error(r, line);
                 break;
             }
     if (nacked) {
         for (size_t i = 0; i < count; i++)
             if (rows[i].outcome == RELAY_ROW_NACKED) {
-                snprintf(line, sizeof line, "outbox relay: row %" PRId64 ": %s; retried",
-                         rows[i].id, rows[i].error);
+                snprintf(line, sizeof line, "row %" PRId64 ": %s; retried", rows[i].id,
+                         rows[i].error);
                 report(r, line);
                 break;
             }
@@ -378,8 +377,8 @@ static void sweep(outbox_relay *r)
 {
     char err[1024];
     uint64_t deleted = 0;
-    if (relay_db_sweep(r->db, r->retention_ms, SWEEP_MAX_STATEMENTS, &deleted, err,
-                       sizeof err) != 0) {
+    if (relay_db_sweep(r->db, r->retention_ms, SWEEP_MAX_STATEMENTS, &deleted, err, sizeof err) !=
+        0) {
         db_down(r, err);
         return;
     }
@@ -444,7 +443,8 @@ static void relay_main(void *arg)
         if (r->broker.conn && relay_broker_service(&r->broker, err, sizeof err) != 0)
             amqp_down(r, err);
         bool again = false;
-        if (r->scan_wanted && r->leader && r->db && r->broker.conn && now_ms() >= r->nack_until_ms) {
+        if (r->scan_wanted && r->leader && r->db && r->broker.conn &&
+            now_ms() >= r->nack_until_ms) {
             again = run_round(r);
             r->next_scan_ms = now_ms() + (int64_t)r->poll_ms;
         }
@@ -492,8 +492,8 @@ static uint64_t or_default(uint64_t value, uint64_t fallback)
     return value ? value : fallback;
 }
 
-int outbox_relay_start(const config *cfg, const db_dsn *dsn, const char *owner,
-                       outbox_relay **out, char *err, size_t err_len)
+int outbox_relay_start(const config *cfg, const db_dsn *dsn, const char *owner, outbox_relay **out,
+                       char *err, size_t err_len)
 {
     *out = NULL;
     if (!owner || !*owner || strlen(owner) > OUTBOX_RELAY_OWNER_MAX) {
@@ -589,14 +589,18 @@ bool outbox_relay_stuck(outbox_relay *r, char *reason, size_t reason_len)
     const char *last = s.last_error[0] ? s.last_error : "none";
     if (!exited && since_progress > (int64_t)r->stuck_ms) {
         if (reason && reason_len)
-            snprintf(reason, reason_len, "outbox relay stuck: its thread has not finished a round "
-                     "for %" PRId64 " s (last error: %s)", since_progress / 1000, last);
+            snprintf(reason, reason_len,
+                     "outbox relay stuck: its thread has not finished a round "
+                     "for %" PRId64 " s (last error: %s)",
+                     since_progress / 1000, last);
         return true;
     }
     if (s.pending && s.oldest_pending_s * 1000.0 > (double)r->stuck_ms) {
         if (reason && reason_len)
-            snprintf(reason, reason_len, "outbox relay stuck: the oldest pending row is %.0f s "
-                     "old (last error: %s)", s.oldest_pending_s, last);
+            snprintf(reason, reason_len,
+                     "outbox relay stuck: the oldest pending row is %.0f s "
+                     "old (last error: %s)",
+                     s.oldest_pending_s, last);
         return true;
     }
     if (reason && reason_len)

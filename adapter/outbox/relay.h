@@ -61,6 +61,12 @@
  * row), before it marks that round's rows: the crash between confirm and mark that
  * tests/integration/test_outbox_relay.c recovers from. Never set it otherwise.
  *
+ * Wiring (cli/run.c): start one relay per instance when cfg->outbox.relay is 1 (and the outbox is
+ * used), with an owner unique to the process (e.g. "host:pid:random": two instances with one
+ * owner would both think they lead); call outbox_relay_notify after each COMMIT that inserted
+ * outbox rows; outbox_relay_stuck for /readyz; outbox_relay_metrics_probe for /metrics; stop it
+ * after the workers stopped, so their last rows are still announced.
+ *
  * Errors: outbox_relay_start returns 0 or -1 (out of memory, no thread, a bad owner) with a
  * reason in err; what the servers do is state (stats, outbox_relay_stuck), never an error.
  * Thread affinity: outbox_relay_start and outbox_relay_stop on the owner's thread;
@@ -113,8 +119,8 @@ typedef struct outbox_relay_stats {
  * thread keeps trying. Returns 0 with the owned relay in *out, or -1 with a reason in err and *out
  * NULL.
  */
-int outbox_relay_start(const config *cfg, const db_dsn *dsn, const char *owner,
-                       outbox_relay **out, char *err, size_t err_len);
+int outbox_relay_start(const config *cfg, const db_dsn *dsn, const char *owner, outbox_relay **out,
+                       char *err, size_t err_len);
 
 /* Rows were committed: the relay runs a round now instead of at its next poll. Cheap (one write
  * to an eventfd), from any thread, never blocks; NULL is a no-op. */

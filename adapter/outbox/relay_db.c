@@ -202,11 +202,11 @@ int relay_db_mark(MYSQL *db, const relay_row *rows, size_t count, bool delete_pu
             snprintf(err, err_len, "out of memory marking %zu rows", published);
             return -1;
         }
-        size_t n = (size_t)snprintf(sql, cap, "%s",
-                                    delete_published
-                                        ? "DELETE FROM idemq_outbox WHERE id IN ("
-                                        : "UPDATE idemq_outbox SET state = 1, published_at = "
-                                          "NOW(3) WHERE id IN (");
+        size_t n =
+            (size_t)snprintf(sql, cap, "%s",
+                             delete_published ? "DELETE FROM idemq_outbox WHERE id IN ("
+                                              : "UPDATE idemq_outbox SET state = 1, published_at = "
+                                                "NOW(3) WHERE id IN (");
         bool first = true;
         for (size_t i = 0; i < count; i++) {
             if (rows[i].outcome != RELAY_ROW_PUBLISHED)

@@ -24,10 +24,10 @@
 
 /* What the broker said about one row of a round. */
 typedef enum relay_outcome {
-    RELAY_ROW_UNKNOWN = 0,  /* no confirm (yet): the row stays pending and goes out again */
-    RELAY_ROW_PUBLISHED,    /* acked and not returned: state 1 (or deleted) */
-    RELAY_ROW_UNROUTABLE,   /* returned, or its exchange does not exist: state 2, error */
-    RELAY_ROW_NACKED,       /* nacked: attempts + 1, error, stays pending */
+    RELAY_ROW_UNKNOWN = 0, /* no confirm (yet): the row stays pending and goes out again */
+    RELAY_ROW_PUBLISHED,   /* acked and not returned: state 1 (or deleted) */
+    RELAY_ROW_UNROUTABLE,  /* returned, or its exchange does not exist: state 2, error */
+    RELAY_ROW_NACKED,      /* nacked: attempts + 1, error, stays pending */
 } relay_outcome;
 
 /* Bytes of a column, copied and NUL-terminated (VARBINARY may hold a NUL: len counts). */
@@ -42,8 +42,8 @@ typedef struct relay_row {
         content_type, body;
     int64_t created_at_s; /* UNIX_TIMESTAMP(created_at), whole seconds */
     /* filled in by the round (relay_publish.c) */
-    uint64_t seq;         /* the channel's publish number; 0: not published */
-    bool returned;        /* a basic.return named it (its confirm then fails) */
+    uint64_t seq;  /* the channel's publish number; 0: not published */
+    bool returned; /* a basic.return named it (its confirm then fails) */
     relay_outcome outcome;
     char error[RELAY_ROW_ERROR_MAX]; /* UNROUTABLE, NACKED: last_error */
 } relay_row;

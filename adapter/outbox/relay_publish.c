@@ -29,8 +29,7 @@ typedef struct publish_ref {
 } publish_ref;
 
 /* snprintf for diagnostics that may be cut to fit (a row's error, err). */
-__attribute__((format(printf, 3, 4))) static void text(char *buf, size_t len, const char *fmt,
-                                                        ...)
+__attribute__((format(printf, 3, 4))) static void text(char *buf, size_t len, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -204,8 +203,10 @@ static void on_confirm(void *arg, bool confirmed)
         row->outcome = RELAY_ROW_UNROUTABLE; /* error set by the return */
     } else {
         row->outcome = RELAY_ROW_NACKED;
-        text(row->error, sizeof row->error, "nacked by the broker (exchange '%s', routing "
-                 "key '%s')", row->exchange.data, row->routing_key.data);
+        text(row->error, sizeof row->error,
+             "nacked by the broker (exchange '%s', routing "
+             "key '%s')",
+             row->exchange.data, row->routing_key.data);
     }
 }
 
@@ -217,7 +218,8 @@ static bool missing_exchange(const amqp_channel_close_t *m, char *out, size_t ou
     if (m->reply_code != AMQP_NOT_FOUND)
         return false;
     char reply[512];
-    snprintf(reply, sizeof reply, "%.*s", (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    snprintf(reply, sizeof reply, "%.*s", (int)m->reply_text.len,
+             (const char *)m->reply_text.bytes);
     char *a = strstr(reply, start);
     if (!a)
         return false;
@@ -250,7 +252,7 @@ static int reopen_channel(relay_broker *b, char *err, size_t err_len)
     amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
     if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
         text(err, err_len, "confirm.select on the reopened channel failed: %s",
-                 broker_describe_reply(reply, reason, sizeof reason));
+             broker_describe_reply(reply, reason, sizeof reason));
         drop(b);
         return BROKER_E_FAILED;
     }
@@ -260,26 +262,27 @@ static int reopen_channel(relay_broker *b, char *err, size_t err_len)
 /* The broker closed the channel while rows were in flight. A 404 naming an exchange marks the
  * first unconfirmed row that publishes there (the publish that caused it; the broker drops every
  * later one on the channel). Returns 0 (channel reopened), or BROKER_E_FAILED (dropped). */
-static int channel_closed(relay_broker *b, const amqp_channel_close_t *m, char *err,
-                          size_t err_len)
+static int channel_closed(relay_broker *b, const amqp_channel_close_t *m, char *err, size_t err_len)
 {
     char exchange[256];
     if (!missing_exchange(m, exchange, sizeof exchange)) {
         text(err, err_len, "channel closed by broker: %u %.*s", m->reply_code,
-                 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+             (int)m->reply_text.len, (const char *)m->reply_text.bytes);
         drop(b);
         return BROKER_E_FAILED;
     }
-    log_warn(LOG_NO_CONTEXT, "outbox relay: the broker closed the channel (%u %.*s); reopening "
-             "it, the rows after the one that caused it go out next round", m->reply_code,
-             (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    log_warn(LOG_NO_CONTEXT,
+             "outbox relay: the broker closed the channel (%u %.*s); reopening "
+             "it, the rows after the one that caused it go out next round",
+             m->reply_code, (int)m->reply_text.len, (const char *)m->reply_text.bytes);
     forget(b, exchange);
     for (size_t i = 0; i < b->row_count; i++) {
         relay_row *row = &b->rows[i];
-        if (row->seq && row->outcome == RELAY_ROW_UNKNOWN && strcmp(row->exchange.data, exchange) == 0) {
+        if (row->seq && row->outcome == RELAY_ROW_UNKNOWN &&
+            strcmp(row->exchange.data, exchange) == 0) {
             row->outcome = RELAY_ROW_UNROUTABLE;
             text(row->error, sizeof row->error, "exchange not found: %u %.*s", m->reply_code,
-                     (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+                 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
             break;
         }
     }
@@ -293,13 +296,15 @@ static void returned(relay_broker *b, const broker_message *msg)
     if (message_header_int(&msg->properties, OUTBOX_HEADER_OUTBOX_ID, &id))
         row = row_by_id(b, id);
     if (!row || !row->seq) {
-        log_warn(LOG_NO_CONTEXT, "outbox relay: the broker returned a message that is not one of "
-                 "this round's (%u %s); ignored", b->return_code, b->return_text);
+        log_warn(LOG_NO_CONTEXT,
+                 "outbox relay: the broker returned a message that is not one of "
+                 "this round's (%u %s); ignored",
+                 b->return_code, b->return_text);
         return;
     }
     row->returned = true;
     text(row->error, sizeof row->error, "unroutable: %u %s (exchange '%s', routing key '%s')",
-             b->return_code, b->return_text, b->return_exchange, b->return_routing_key);
+         b->return_code, b->return_text, b->return_exchange, b->return_routing_key);
     broker_confirms_mark_returned(&b->confirms, row->seq);
 }
 
@@ -404,7 +409,8 @@ static int check_exchanges(relay_broker *b, relay_row *rows, size_t count, char 
     char reason[512];
     for (size_t i = 0; i < count && b->conn; i++) {
         relay_row *row = &rows[i];
-        if (row->outcome != RELAY_ROW_UNKNOWN || row->exchange.len == 0 || is_known(b, &row->exchange))
+        if (row->outcome != RELAY_ROW_UNKNOWN || row->exchange.len == 0 ||
+            is_known(b, &row->exchange))
             continue;
         amqp_exchange_declare(b->conn, BROKER_CHANNEL,
                               (amqp_bytes_t){row->exchange.len, row->exchange.data},
@@ -424,23 +430,22 @@ static int check_exchanges(relay_broker *b, relay_row *rows, size_t count, char 
                     memcmp(same->exchange.data, row->exchange.data, row->exchange.len) != 0)
                     continue;
                 same->outcome = RELAY_ROW_UNROUTABLE;
-                text(same->error, sizeof same->error, "exchange not found: %u %.*s",
-                         m->reply_code, (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+                text(same->error, sizeof same->error, "exchange not found: %u %.*s", m->reply_code,
+                     (int)m->reply_text.len, (const char *)m->reply_text.bytes);
             }
             if (reopen_channel(b, err, err_len) != 0)
                 return BROKER_E_FAILED;
             continue;
         }
         text(err, err_len, "checking exchange '%s': %s", row->exchange.data,
-                 broker_describe_reply(reply, reason, sizeof reason));
+             broker_describe_reply(reply, reason, sizeof reason));
         drop(b);
         return BROKER_E_FAILED;
     }
     return b->conn ? 0 : BROKER_E_FAILED;
 }
 
-static int publish_row(relay_broker *b, relay_row *row, publish_ref *ref, char *err,
-                       size_t err_len)
+static int publish_row(relay_broker *b, relay_row *row, publish_ref *ref, char *err, size_t err_len)
 {
     amqp_table_entry_t headers[4] = {
         {.key = amqp_cstring_bytes(OUTBOX_HEADER_SOURCE_BIZ_KEY),
@@ -527,7 +532,7 @@ int relay_broker_publish(relay_broker *b, relay_row *rows, size_t count,
         int64_t now = now_ms();
         if (now - start >= (int64_t)confirm_timeout_ms) {
             text(err, err_len, "no publisher confirm within %" PRIu64 " ms for %zu message(s)",
-                     confirm_timeout_ms, b->confirms.pending);
+                 confirm_timeout_ms, b->confirms.pending);
             drop(b);
             goto out;
         }
@@ -535,7 +540,7 @@ int relay_broker_publish(relay_broker *b, relay_row *rows, size_t count,
             next_tick = now + TICK_MS;
             if (tick && !tick(ctx)) {
                 text(err, err_len, "stopping with %zu publisher confirm(s) still owed",
-                         b->confirms.pending);
+                     b->confirms.pending);
                 drop(b);
                 goto out;
             }

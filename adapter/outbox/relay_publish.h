@@ -32,20 +32,20 @@
 #include "util/rng.h"
 
 typedef struct relay_broker {
-    const config *cfg;              /* borrowed */
-    amqp_connection_state_t conn;   /* owned; NULL: not connected */
+    const config *cfg;            /* borrowed */
+    amqp_connection_state_t conn; /* owned; NULL: not connected */
     broker_nodes nodes;
     rng random;
     broker_confirms confirms;
     broker_assembly assembly;
-    char **known;                   /* exchanges seen to exist on this connection (owned) */
+    char **known; /* exchanges seen to exist on this connection (owned) */
     size_t known_count, known_cap;
     /* the round in progress */
-    relay_row *rows;                /* borrowed from relay_broker_publish's caller */
+    relay_row *rows; /* borrowed from relay_broker_publish's caller */
     size_t row_count;
-    bool channel_lost;              /* failing the confirms of a closed channel: rows stay UNKNOWN */
-    bool channel_reopened;          /* a channel.close came during this round */
-    unsigned return_code;           /* of the last basic.return, for its content frames */
+    bool channel_lost;     /* failing the confirms of a closed channel: rows stay UNKNOWN */
+    bool channel_reopened; /* a channel.close came during this round */
+    unsigned return_code;  /* of the last basic.return, for its content frames */
     char return_text[128], return_exchange[256], return_routing_key[256];
     /* Optional: runs just before the connection's socket closes (whatever closes it), so that an
      * owner that may shut the socket down from another thread forgets it first. */

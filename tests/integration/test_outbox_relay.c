@@ -6,6 +6,7 @@
  *
  *   publish          pending rows go out in id order with the documented properties and headers,
  *                    become state 1 with published_at, stats drain to 0, published_total counts;
+ *   backlog          3000 rows (one larger than frame_max) drain in full batches, in order;
  *   after_confirm    through a frozen freeze_proxy the publish is written but no confirm can come:
  *                    the row stays pending until the thaw, then turns state 1 (marked only after
  *                    its confirm);
@@ -133,8 +134,7 @@ static void setup(const char *name, const relay_settings *s)
         db_dsn dsn;
         cr_assert(db_dsn_parse(getenv("IDEMQ_TEST_MYSQL_URL"), &dsn, err, sizeof err) == 0);
         cr_assert(!dsn.socket[0], "IDEMQ_TEST_MYSQL_URL must be TCP for the proxy");
-        cr_assert(freeze_proxy_start(dsn.host, dsn.port, &proxy, err, sizeof err) == 0, "%s",
-                  err);
+        cr_assert(freeze_proxy_start(dsn.host, dsn.port, &proxy, err, sizeof err) == 0, "%s", err);
     }
     memset(&cfg, 0, sizeof cfg);
     cfg.amqp_urls[0] = amqp_url;
@@ -144,7 +144,9 @@ static void setup(const char *name, const relay_settings *s)
     cfg.outbox.batch = s->batch ? s->batch : 256;
     cfg.outbox.poll_interval_ms = s->poll_ms ? s->poll_ms : 100;
     cfg.outbox.lease_ms = s->lease_ms ? s->lease_ms : 3000;
-    cfg.outbox.retention_ms = s->delete_at_confirm ? 0 : s->retention_ms ? s->retention_ms : 3600000;
+    cfg.outbox.retention_ms = s->delete_at_confirm ? 0
+                              : s->retention_ms    ? s->retention_ms
+                                                   : 3600000;
     cfg.outbox.stuck_after_ms = s->stuck_ms ? s->stuck_ms : 60000;
 }
 
@@ -319,8 +321,7 @@ static void wait_pending(outbox_relay *r, uint64_t pending, int timeout_ms)
     outbox_relay_stats s;
     cr_assert(wait_stats(r, pending_is, &pending, timeout_ms, &s) >= 0,
               "stats.pending is %llu, not %llu, after %d ms (last error: %s)",
-              (unsigned long long)s.pending, (unsigned long long)pending, timeout_ms,
-              s.last_error);
+              (unsigned long long)s.pending, (unsigned long long)pending, timeout_ms, s.last_error);
 }
 
 /* One message from queue, waiting up to timeout_ms; false when none came. */
@@ -440,6 +441,53 @@ Test(outbox_relay, pending_rows_go_out_in_id_order_with_properties_and_are_marke
     cr_assert_not(outbox_relay_stuck(r, reason, sizeof reason), "%s", reason);
 }
 
+Test(outbox_relay, a_backlog_drains_in_full_batches_in_order_large_bodies_included)
+{
+    setup("outbox_backlog", &(relay_settings){.batch = 256});
+    const char *q = declare_queue("q", NULL, NULL);
+    enum { ROWS = 3000, LARGE_AT = 1000, LARGE = 300000 };
+    /* One statement per 500 rows; row LARGE_AT gets a body larger than frame_max (131072). */
+    for (int start = 0; start < ROWS; start += 500) {
+        char *sql = malloc(500 * 200 + 256);
+        cr_assert(sql);
+        int n = sprintf(sql, "INSERT INTO idemq_outbox (source_biz_key, handler_name, emit_name, "
+                             "biz_key, exchange, routing_key, content_type, body) VALUES ");
+        for (int i = start; i < start + 500; i++)
+            n += sprintf(sql + n,
+                         "%s('src:%d', 'orders', 'shipped', 'emit-bulk-%d', '', '%s', "
+                         "'application/json', %s)",
+                         i == start ? "" : ",", i, i, q,
+                         i == LARGE_AT ? "REPEAT('a', 300000)" : "'{}'");
+        harness_sql(&F.h, "%s", sql);
+        free(sql);
+    }
+    long long first = harness_scalar(&F.h, "SELECT MIN(id) FROM idemq_outbox");
+    int64_t t0 = harness_now_ms();
+    outbox_relay *r = start_relay(0, "relay-backlog");
+    cr_assert(
+        harness_wait_scalar(&F.h, 0, 60000, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 0"),
+        "the backlog did not drain");
+    int64_t drained = harness_now_ms() - t0;
+    wait_totals(r, ROWS, 0);
+    amqp_message_t msg;
+    for (int i = 0; i < ROWS; i++) {
+        cr_assert(get_message(q, &msg, 5000), "message %d missing", i);
+        cr_assert_eq(outbox_id_of(&msg), first + i, "out of order at %d", i);
+        if (i == LARGE_AT)
+            cr_assert_eq(msg.body.len, LARGE, "the large body arrived with %zu bytes",
+                         msg.body.len);
+        amqp_destroy_message(&msg);
+    }
+    cr_assert_not(get_message(q, &msg, 300), "more messages than rows");
+    outbox_relay_stats s;
+    outbox_relay_read(r, &s);
+    cr_log_info("backlog: %d rows (batch 256, one body of %d bytes) published and marked in %lld "
+                "ms from the relay's start (%.0f rows/s), %llu rounds",
+                ROWS, LARGE, (long long)drained, ROWS * 1000.0 / (double)(drained ? drained : 1),
+                (unsigned long long)s.rounds);
+    cr_assert_geq(s.rounds, (ROWS + 255) / 256);
+}
+
 Test(outbox_relay, a_row_is_marked_only_after_its_confirm)
 {
     setup("outbox_after_confirm", &(relay_settings){.through_proxy = true});
@@ -453,16 +501,18 @@ Test(outbox_relay, a_row_is_marked_only_after_its_confirm)
     int64_t frozen_at = harness_now_ms();
     bool marked_while_frozen = false;
     while (harness_now_ms() - frozen_at < 2000) {
-        marked_while_frozen |= harness_scalar(&F.h, "SELECT state FROM idemq_outbox WHERE id = "
-                                                    "%lld", id) != 0;
+        marked_while_frozen |= harness_scalar(&F.h,
+                                              "SELECT state FROM idemq_outbox WHERE id = "
+                                              "%lld",
+                                              id) != 0;
         pause_ms(20);
     }
     cr_assert_not(marked_while_frozen, "the row was marked without a confirm");
     cr_assert_eq(harness_queue_depth(&F.h, q), 0, "the broker got the message while frozen");
     freeze_proxy_thaw(proxy);
-    cr_assert(harness_wait_scalar(&F.h, 1, 5000,
-                                  "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"),
-              "the row was not marked after the thaw");
+    cr_assert(
+        harness_wait_scalar(&F.h, 1, 5000, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"),
+        "the row was not marked after the thaw");
     int64_t ids[4];
     size_t n = drain_ids(q, 1, 5000, ids, 4);
     cr_assert_eq(n, 1, "%zu messages (a thaw within the confirm timeout must not republish)", n);
@@ -552,9 +602,9 @@ Test(outbox_relay, unroutable_rows_and_missing_exchanges_are_set_aside_and_the_r
     long long r3 = insert_row(missing, "k", "emit-u3", "application/json", "{}");
     long long r4 = insert_row(ok, "k", "emit-u4", "application/json", "{}");
     outbox_relay *r = start_relay(0, "relay-unroutable");
-    cr_assert(harness_wait_scalar(&F.h, 0, 10000,
-                                  "SELECT COUNT(*) FROM idemq_outbox WHERE state = 0"),
-              "rows still pending");
+    cr_assert(
+        harness_wait_scalar(&F.h, 0, 10000, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 0"),
+        "rows still pending");
     char like[512];
     snprintf(like, sizeof like, "unroutable: 312 NO\\_ROUTE (exchange '%s', routing key 'nokey')",
              unbound);
@@ -563,8 +613,11 @@ Test(outbox_relay, unroutable_rows_and_missing_exchanges_are_set_aside_and_the_r
     snprintf(like, sizeof like, "exchange not found: 404 NOT\\_FOUND - no exchange '%s'%%",
              missing);
     cr_assert(error_like(r3, like), "row 3 is not marked with the 404");
-    cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM idemq_outbox WHERE id IN (%lld, %lld) "
-                                      "AND state = 1", r2, r4), 2);
+    cr_assert_eq(harness_scalar(&F.h,
+                                "SELECT COUNT(*) FROM idemq_outbox WHERE id IN (%lld, %lld) "
+                                "AND state = 1",
+                                r2, r4),
+                 2);
     int64_t got[8];
     size_t n = drain_ids(q, 2, 5000, got, 8);
     cr_assert_eq(n, 2);
@@ -591,9 +644,9 @@ Test(outbox_relay, unroutable_rows_and_missing_exchanges_are_set_aside_and_the_r
     long long r7 = insert_row(ok, "k", "emit-u7", "application/json", "{}");
     long long r8 = insert_row(ok, "k", "emit-u8", "application/json", "{}");
     outbox_relay_notify(r);
-    cr_assert(harness_wait_scalar(&F.h, 0, 10000,
-                                  "SELECT COUNT(*) FROM idemq_outbox WHERE state = 0"),
-              "rows still pending after the channel close");
+    cr_assert(
+        harness_wait_scalar(&F.h, 0, 10000, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 0"),
+        "rows still pending after the channel close");
     snprintf(like, sizeof like, "exchange not found: 404 NOT\\_FOUND - no exchange '%s'%%", gone);
     cr_assert(error_like(r6, like), "row 6 is not marked with the 404: state %lld",
               harness_scalar(&F.h, "SELECT state FROM idemq_outbox WHERE id = %lld", r6));
@@ -631,8 +684,8 @@ Test(outbox_relay, two_relays_one_leader_and_the_standby_takes_over_when_it_stop
         outbox_relay_notify(a);
         outbox_relay_notify(b);
     }
-    cr_assert(harness_wait_scalar(&F.h, 20, 10000,
-                                  "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"));
+    cr_assert(
+        harness_wait_scalar(&F.h, 20, 10000, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"));
     wait_totals(a, 20, 0);
     wait_totals(b, 0, 0);
 
@@ -653,8 +706,8 @@ Test(outbox_relay, two_relays_one_leader_and_the_standby_takes_over_when_it_stop
         insert_row("", q, key, "application/json", "{}");
         outbox_relay_notify(b);
     }
-    cr_assert(harness_wait_scalar(&F.h, 40, 10000,
-                                  "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"));
+    cr_assert(
+        harness_wait_scalar(&F.h, 40, 10000, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"));
     wait_totals(b, 20, 0);
     int64_t ids[64];
     size_t n = drain_ids(q, 40, 5000, ids, 64);
@@ -724,9 +777,9 @@ Test(outbox_relay, rows_wait_while_the_broker_is_down_and_drain_in_order_after)
 
     cr_assert(freeze_proxy_refuse(proxy, false, err, sizeof err) == 0, "%s", err);
     int64_t up_at = harness_now_ms();
-    cr_assert(harness_wait_scalar(&F.h, 0, 15000,
-                                  "SELECT COUNT(*) FROM idemq_outbox WHERE state = 0"),
-              "the rows did not drain after the broker came back");
+    cr_assert(
+        harness_wait_scalar(&F.h, 0, 15000, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 0"),
+        "the rows did not drain after the broker came back");
     int64_t drained = harness_now_ms() - up_at;
     size_t n = drain_ids(q, 10, 5000, ids, 32);
     cr_assert_eq(n, 10, "%zu messages for 10 rows", n);
@@ -783,8 +836,8 @@ Test(outbox_relay, a_crash_between_confirm_and_mark_republishes_and_loses_nothin
     outbox_relay_stats s;
     int64_t took = wait_stats(r, is_leader, NULL, 10000, &s);
     cr_assert(took >= 0);
-    cr_assert(harness_wait_scalar(&F.h, 5, 10000,
-                                  "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"));
+    cr_assert(
+        harness_wait_scalar(&F.h, 5, 10000, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"));
     int64_t republished = harness_now_ms() - t0;
     int64_t ids[32];
     size_t n = drain_ids(q, 10, 5000, ids, 32);
@@ -842,7 +895,8 @@ Test(outbox_relay, nacked_rows_stay_pending_and_go_out_in_order_once_there_is_ro
         {.key = amqp_cstring_bytes("x-max-length"),
          .value = {.kind = AMQP_FIELD_KIND_I32, .value.i32 = 1}},
         {.key = amqp_cstring_bytes("x-overflow"),
-         .value = {.kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("reject-publish")}},
+         .value = {.kind = AMQP_FIELD_KIND_UTF8,
+                   .value.bytes = amqp_cstring_bytes("reject-publish")}},
     };
     amqp_queue_declare(F.h.amqp, BROKER_CHANNEL, amqp_cstring_bytes(q), 0, 0, 0, 0,
                        (amqp_table_t){.num_entries = 2, .entries = args});
@@ -866,10 +920,10 @@ Test(outbox_relay, nacked_rows_stay_pending_and_go_out_in_order_once_there_is_ro
     }
     for (int i = 0; i < 3; i++)
         cr_assert_eq(ids[i], first + i, "out of order at %d", i);
-    cr_assert(harness_wait_scalar(&F.h, 3, 5000,
-                                  "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"));
-    long long attempts = harness_scalar(
-        &F.h, "SELECT attempts FROM idemq_outbox WHERE id = %lld", first + 2);
+    cr_assert(
+        harness_wait_scalar(&F.h, 3, 5000, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"));
+    long long attempts =
+        harness_scalar(&F.h, "SELECT attempts FROM idemq_outbox WHERE id = %lld", first + 2);
     cr_assert_geq(attempts, 2, "the last row was nacked %lld time(s)", attempts);
     wait_totals(r, 3, 0);
     cr_log_info("nack: the last row went out after %lld nacked attempt(s)", attempts);
