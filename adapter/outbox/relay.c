@@ -30,7 +30,7 @@
 #include "policy/backoff.h"
 #include "util/rng.h"
 
-#define DEFAULT_BATCH 256
+#define DEFAULT_BATCH 2048
 #define DEFAULT_POLL_MS 1000
 #define DEFAULT_LEASE_MS 10000
 #define DEFAULT_STUCK_MS 60000

@@ -125,25 +125,25 @@ int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, c
              batch);
     if (query(db, sql, "reading pending rows", err, err_len) != 0)
         return -1;
-    MYSQL_RES *res = mysql_store_result(db);
+    /* Streamed, so a round holds at most RELAY_ROUND_BYTES of bodies however large they are:
+     * the rows past the cap are read and dropped here, and lead the next round. */
+    MYSQL_RES *res = mysql_use_result(db);
     if (!res) {
         db_error_format_connection(err, err_len, "reading pending rows", db);
         return -1;
     }
-    size_t n = (size_t)mysql_num_rows(res);
-    if (n == 0) {
-        mysql_free_result(res);
-        return 0;
-    }
-    relay_row *out = calloc(n, sizeof *out);
+    relay_row *out = calloc(batch ? batch : 1, sizeof *out);
     if (!out) {
         mysql_free_result(res);
-        snprintf(err, err_len, "out of memory for %zu rows", n);
+        snprintf(err, err_len, "out of memory for %u rows", batch);
         return -1;
     }
-    size_t i = 0;
-    for (MYSQL_ROW row; i < n && (row = mysql_fetch_row(res)) != NULL; i++) {
+    size_t i = 0, bytes = 0;
+    for (MYSQL_ROW row; i < batch && (row = mysql_fetch_row(res)) != NULL; i++) {
         unsigned long *lens = mysql_fetch_lengths(res);
+        if (i > 0 && bytes + lens[8] > RELAY_ROUND_BYTES)
+            break;
+        bytes += lens[8];
         relay_row *r = &out[i];
         r->id = strtoll(row[0], NULL, 10);
         relay_bytes *fields[] = {&r->source_biz_key, &r->handler_name, &r->emit_name,
@@ -158,6 +158,16 @@ int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, c
             }
         }
         r->created_at_s = row[9] ? strtoll(row[9], NULL, 10) : 0;
+    }
+    if (mysql_errno(db) != 0) {
+        db_error_format_connection(err, err_len, "reading pending rows", db);
+        relay_rows_free(out, i);
+        mysql_free_result(res);
+        return -1;
+    }
+    if (i == 0) {
+        free(out);
+        out = NULL;
     }
     mysql_free_result(res);
     *rows = out;

@@ -60,8 +60,11 @@ int relay_db_lease(MYSQL *db, const char *owner, uint64_t lease_ms, bool *leader
 /* Ends owner's lease now (no-op when another owner holds it). */
 int relay_db_release(MYSQL *db, const char *owner, char *err, size_t err_len);
 
-/* The oldest `batch` pending rows in id order, into *rows (returned owned: relay_rows_free) and
- * *count (0 with *rows NULL when none). */
+/* The body bytes one round holds at most (a single larger row still goes alone). */
+#define RELAY_ROUND_BYTES ((size_t)16 * 1024 * 1024)
+
+/* The oldest `batch` pending rows in id order, at most RELAY_ROUND_BYTES of bodies, into *rows
+ * (returned owned: relay_rows_free) and *count (0 with *rows NULL when none). */
 int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, char *err,
                    size_t err_len);
 
