@@ -75,7 +75,7 @@ static const char *const format_names[] = {"json", "msgpack", NULL};
 const opt config_emit_table[] = {
     {.name = "name", .type = OPT_STRING, .flags = OPT_REQUIRED,
      .offset = offsetof(config_emit, name), .check = check_emit_name,
-     .help = "unique within the consumer; part of the outgoing biz_key"},
+     .help = "unique within its emit list; part of the outgoing biz_key"},
     {.name = "exchange", .type = OPT_STRING, .offset = offsetof(config_emit, exchange),
      .check = check_exchange,
      .help = "exchange to publish to; absent or \"\": the default exchange"},
