@@ -11,10 +11,13 @@
  * decoded on libuv's thread pool so the loop is never busy for long), applied by a DB worker in
  * one transaction, and its outcome is carried out back on the loop thread (run/settle.h): ack
  * after the commit, or publish a retry/DLQ copy and ack only after the broker confirmed it. Every
- * outcome is logged once it is final, with one count in idemq_messages_total. A database outage or a schema error pauses consumption and holds what comes back
- * unavailable, unacked, until a probe passes (run/outage.h). SIGTERM stops consuming, lets
- * in-flight work finish and be acked, then closes; a second signal exits at once (the broker
- * redelivers unacked messages and the dedup row settles them). Thread affinity: loop thread.
+ * outcome is logged once it is final, with one count in idemq_messages_total. A database
+ * outage or a schema error pauses consumption and holds what comes back unavailable, unacked,
+ * until a probe passes (run/outage.h). Where a consumer emits, the outbox relay
+ * (outbox/relay.h) runs on its own thread and connections; the workers wake it after each
+ * COMMIT that wrote rows. SIGTERM stops consuming, lets in-flight work finish and be acked,
+ * then stops the relay and closes; a second signal exits at once (the broker redelivers unacked
+ * messages and the dedup row settles them). Thread affinity: loop thread.
  */
 #include "cli/cli.h"
 
