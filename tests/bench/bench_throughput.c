@@ -242,13 +242,14 @@ static void write_config(int run_batch, bool emit)
         snprintf(linger, sizeof linger, ", batch_linger_ms: %d", linger_ms);
     fprintf(f,
             "amqp: {url: \"%s\", prefetch: %d}\nmysql: {url: \"%s\", workers: %d, batch: %d%s}\n"
-            "log: {level: warn}\nhttp: {listen: \"127.0.0.1:0\"}\n"
+            "log: {level: %s}\nhttp: {listen: \"127.0.0.1:0\"}\n"
             "consumers:\n  - queue: " QUEUE_IDEMQ "\n    handler_name: pay-callback\n"
             "    handler:\n      type: state_machine\n      table: orders\n"
             "      key_column: order_id\n      key_field: order_id\n      state_column: status\n"
             "      event_field: event_type\n      transitions:\n%s"
             "      set: {amount: amount}\n",
             getenv("IDEMQ_TEST_AMQP_URL"), prefetch, url, workers, run_batch, linger,
+            getenv("IDEMQ_BENCH_LOG") ? "debug" : "warn",
             emit ? emit_yaml : "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n");
     fclose(f);
 }
@@ -257,7 +258,9 @@ static pid_t spawn_idemq(void)
 {
     pid_t pid = fork();
     if (pid == 0) {
-        if (!freopen("/dev/null", "w", stderr))
+        /* IDEMQ_BENCH_LOG=FILE: idemq's debug log (each batch's size, …) appended to FILE. */
+        const char *log = getenv("IDEMQ_BENCH_LOG");
+        if (!freopen(log ? log : "/dev/null", log ? "a" : "w", stderr))
             _exit(126);
         execl(IDEMQ_BENCH_BINARY, IDEMQ_BENCH_BINARY, "run", "-c", config_path, (char *)NULL);
         _exit(127);
