@@ -42,4 +42,38 @@ typedef struct dlq_options {
 /* idemq dlq list|replay|purge. */
 int cli_dlq(const config *cfg, const dlq_options *opts);
 
+typedef enum outbox_action { OUTBOX_LIST, OUTBOX_RETRY, OUTBOX_PURGE } outbox_action;
+
+/* idemq_outbox.state values (schemas/mysql/003_outbox.sql), as bits of outbox_options.states. */
+#define OUTBOX_STATE_PENDING (1u << 0)    /* state 0: not yet published */
+#define OUTBOX_STATE_PUBLISHED (1u << 1)  /* state 1: confirmed by the broker */
+#define OUTBOX_STATE_UNROUTABLE (1u << 2) /* state 2: returned, or its exchange is missing */
+#define OUTBOX_STATE_ALL (OUTBOX_STATE_PENDING | OUTBOX_STATE_PUBLISHED | OUTBOX_STATE_UNROUTABLE)
+
+typedef struct outbox_options {
+    outbox_action action;
+    unsigned states;         /* list --state: OUTBOX_STATE_* bits; 0: pending and unroutable */
+    size_t limit;            /* list --limit; 0: no limit */
+    const unsigned long long *ids; /* --id, in argv order (borrowed); id_count of them */
+    size_t id_count;
+    bool unroutable;         /* retry/purge --unroutable: every unroutable row */
+    bool published;          /* purge --published */
+    bool older_than_set;     /* purge --older-than: only rows published before now - older_than */
+    unsigned long long older_than_ms;
+    bool json;
+    bool yes;                /* purge confirmation */
+} outbox_options;
+
+/* Parses --state's value (borrowed): pending, unroutable, published or all, or a comma-separated
+ * list of them, into OUTBOX_STATE_* bits. Returns 0, or -1 when a word is none of those. */
+int cli_outbox_parse_states(const char *text, unsigned *states);
+
+/* Why opts (borrowed) is not a valid outbox command line (a static string, e.g. "outbox retry
+ * needs --id N or --unroutable"), or NULL when it is. main.c checks it before loading the
+ * config, so bad usage exits 2 without touching the database. */
+const char *cli_outbox_usage_problem(const outbox_options *opts);
+
+/* idemq outbox list|retry|purge, on idemq_outbox through the config's mysql connection. */
+int cli_outbox(const config *cfg, const outbox_options *opts);
+
 #endif

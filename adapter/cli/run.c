@@ -11,10 +11,13 @@
  * decoded on libuv's thread pool so the loop is never busy for long), applied by a DB worker in
  * one transaction, and its outcome is carried out back on the loop thread (run/settle.h): ack
  * after the commit, or publish a retry/DLQ copy and ack only after the broker confirmed it. Every
- * outcome is logged once it is final, with one count in idemq_messages_total. A database outage or a schema error pauses consumption and holds what comes back
- * unavailable, unacked, until a probe passes (run/outage.h). SIGTERM stops consuming, lets
- * in-flight work finish and be acked, then closes; a second signal exits at once (the broker
- * redelivers unacked messages and the dedup row settles them). Thread affinity: loop thread.
+ * outcome is logged once it is final, with one count in idemq_messages_total. A database
+ * outage or a schema error pauses consumption and holds what comes back unavailable, unacked,
+ * until a probe passes (run/outage.h). Where a consumer emits, the outbox relay
+ * (outbox/relay.h) runs on its own thread and connections; the workers wake it after each
+ * COMMIT that wrote rows. SIGTERM stops consuming, lets in-flight work finish and be acked,
+ * then stops the relay and closes; a second signal exits at once (the broker redelivers unacked
+ * messages and the dedup row settles them). Thread affinity: loop thread.
  */
 #include "cli/cli.h"
 
@@ -35,6 +38,7 @@
 #include "ops/http_server.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
+#include "outbox/relay.h"
 #include "policy/outcome.h"
 #include "run/delivery.h"
 #include "run/outage.h"
@@ -69,6 +73,7 @@ typedef struct runner {
     uv_signal_t sigterm, sigint;
     uv_timer_t shutdown_timer, health_timer;
     db_health *db_health; /* its own thread and connection: never behind busy workers */
+    outbox_relay *relay;  /* NULL unless a consumer emits and outbox.relay is on */
     bool db_healthy;      /* what the last poll of db_health said (for the transition log) */
     run_state state;
     int exit_code;         /* what run_consumers returns once the loop ends */
@@ -270,6 +275,10 @@ static void close_everything(runner *r)
     /* Store first: its last results may still ack through the broker session. */
     store_pool_free(r->store);
     r->store = NULL;
+    /* After the store: the last commits' rows are published (or left for the next relay) and
+     * the lease is released, so a standby takes over at once. */
+    outbox_relay_stop(r->relay);
+    r->relay = NULL;
     db_health_free(r->db_health);
     r->db_health = NULL;
     broker_session_free(r->broker);
@@ -370,7 +379,8 @@ static bool is_ready(void *ctx, char *reason, size_t reason_len)
         snprintf(detail, sizeof detail, "%s", reason);
         snprintf(reason, reason_len, "database unavailable: %s", detail);
         return false;
-    }
+    } else if (r->relay && outbox_relay_stuck(r->relay, reason, reason_len))
+        return false;
     else if (!broker_is_consuming(r->broker))
         why = "not consuming";
     if (why)
@@ -391,6 +401,32 @@ static int start_http(runner *r)
     if (http_server_address(r->http, address, sizeof address) != 0)
         snprintf(address, sizeof address, "%s", r->cfg->http_listen);
     log_info(LOG_NO_CONTEXT, "http listening on %s", address);
+    return 0;
+}
+
+static void notify_relay(void *ctx)
+{
+    outbox_relay_notify(ctx);
+}
+
+/* The relay runs where a consumer emits (a plugin may) and outbox.relay is on; its lease owner
+ * names this process for the lease row and the logs. The workers wake it after each COMMIT that
+ * wrote rows. */
+static int start_relay(runner *r, const db_dsn *dsn, char *err, size_t err_len)
+{
+    if (!r->cfg->outbox_needed || !r->cfg->outbox.relay)
+        return 0;
+    char host[64] = "", owner[OUTBOX_RELAY_OWNER_MAX];
+    rng random; /* two containers may share a host name and a pid */
+    rng_init(&random, (uint64_t)getpid());
+    gethostname(host, sizeof host - 1);
+    snprintf(owner, sizeof owner, "%.63s:%ld:%016" PRIx64, host[0] ? host : "idemq",
+             (long)getpid(), rng_next(&random));
+    if (outbox_relay_start(r->cfg, dsn, owner, &r->relay, err, err_len) != 0)
+        return -1;
+    store_pool_set_outbox_notify(r->store, notify_relay, r->relay);
+    metrics_set_outbox_probe(r->metrics, outbox_relay_metrics_probe, r->relay);
+    log_info(LOG_NO_CONTEXT, "outbox relay started (lease owner %s)", owner);
     return 0;
 }
 
@@ -425,9 +461,15 @@ static int run_consumers(const config *cfg)
     int health_rc = db_dsn_from_config(cfg, &dsn, err, sizeof err);
     if (health_rc == 0)
         health_rc = db_health_start(&dsn, NULL, &r->db_health, err, sizeof err);
-    explicit_bzero(dsn.password, sizeof dsn.password);
     if (health_rc != 0) {
+        explicit_bzero(dsn.password, sizeof dsn.password);
         log_error(LOG_NO_CONTEXT, "cannot start the database health monitor: %s", err);
+        goto out;
+    }
+    int relay_rc = start_relay(r, &dsn, err, sizeof err);
+    explicit_bzero(dsn.password, sizeof dsn.password);
+    if (relay_rc != 0) {
+        log_error(LOG_NO_CONTEXT, "cannot start the outbox relay: %s", err);
         goto out;
     }
     r->broker = broker_session_new(loop, cfg, &r->callbacks);

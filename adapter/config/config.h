@@ -194,7 +194,7 @@ typedef struct config_dedup {
 typedef struct config_outbox {
     int relay;                  /* outbox.relay: 1 (default) this instance relays; 0 it only
                                  * writes rows (another instance, or a dedicated one, relays) */
-    unsigned batch;             /* rows published per round, 1..10000, default 256 */
+    unsigned batch;             /* rows published per round, 1..10000, default 2048 */
     uint64_t poll_interval_ms;  /* rows not announced by this process (another instance, a
                                  * crash) are looked for this often; 10ms..1m, default 1s */
     uint64_t lease_ms;          /* how long a relay's lease lasts unrenewed; a standby takes

@@ -12,10 +12,10 @@
 #include "config/text.h"
 #include "config/yaml_json.h"
 
-#define CONFIG_MAX_EMITS 16        /* per transition or sql handler */
+#define CONFIG_MAX_EMITS 16 /* per transition or sql handler */
 #define CONFIG_MAX_EMIT_FIELDS 256
-#define EMIT_NAME_MAX 64           /* idemq_outbox.emit_name */
-#define EMIT_TARGET_MAX 255        /* idemq_outbox.exchange, routing_key; AMQP's shortstr */
+#define EMIT_NAME_MAX 64    /* idemq_outbox.emit_name */
+#define EMIT_TARGET_MAX 255 /* idemq_outbox.exchange, routing_key; AMQP's shortstr */
 #define FIELD_PATH_MAX 255
 
 _Static_assert(sizeof(config_emit_format) == sizeof(int), "enums are stored as int");
@@ -75,7 +75,7 @@ static const char *const format_names[] = {"json", "msgpack", NULL};
 const opt config_emit_table[] = {
     {.name = "name", .type = OPT_STRING, .flags = OPT_REQUIRED,
      .offset = offsetof(config_emit, name), .check = check_emit_name,
-     .help = "unique within the consumer; part of the outgoing biz_key"},
+     .help = "unique within its emit list; part of the outgoing biz_key"},
     {.name = "exchange", .type = OPT_STRING, .offset = offsetof(config_emit, exchange),
      .check = check_exchange,
      .help = "exchange to publish to; absent or \"\": the default exchange"},
@@ -168,16 +168,16 @@ static void parse_fields(load_ctx *ctx, const opt *o, yaml_node_t *node, void *b
             continue;
         }
         if (strlen(f->name) > FIELD_PATH_MAX) {
-            config_report(ctx, config_node_line(key), "%s: a field name is at most %d bytes",
-                          path, FIELD_PATH_MAX);
+            config_report(ctx, config_node_line(key), "%s: a field name is at most %d bytes", path,
+                          FIELD_PATH_MAX);
             continue;
         }
         parse_field_source(ctx, value, f, fpath);
     }
 }
 
-void config_parse_emit_list(load_ctx *ctx, yaml_node_t *node, const char *path,
-                            config_emit **emits, size_t *count)
+void config_parse_emit_list(load_ctx *ctx, yaml_node_t *node, const char *path, config_emit **emits,
+                            size_t *count)
 {
     yaml_node_t *single = NULL;
     size_t n;
@@ -189,8 +189,8 @@ void config_parse_emit_list(load_ctx *ctx, yaml_node_t *node, const char *path,
         n = (size_t)(node->data.sequence.items.top - node->data.sequence.items.start);
     } else {
         config_report(ctx, config_node_line(node),
-                      "%s: expected a list of {name, exchange, routing_key, fields}, got %s",
-                      path, config_node_kind(node));
+                      "%s: expected a list of {name, exchange, routing_key, fields}, got %s", path,
+                      config_node_kind(node));
         return;
     }
     if (n == 0 || n > CONFIG_MAX_EMITS) {
@@ -214,7 +214,8 @@ void config_parse_emit_list(load_ctx *ctx, yaml_node_t *node, const char *path,
             snprintf(ipath, sizeof ipath, "%s", path);
         else
             snprintf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (!config_want_mapping(ctx, item, ipath, "a mapping {name, exchange, routing_key, fields}"))
+        if (!config_want_mapping(ctx, item, ipath,
+                                 "a mapping {name, exchange, routing_key, fields}"))
             continue;
         config_walk_table(ctx, config_emit_table, item, &(*emits)[i], ipath,
                           config_node_line(item));

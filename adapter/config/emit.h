@@ -17,8 +17,8 @@
 #include "config/table.h"
 
 /* Parses node (the value of an `emit:` key at path) into a new array in *emits / *count. */
-void config_parse_emit_list(load_ctx *ctx, yaml_node_t *node, const char *path,
-                            config_emit **emits, size_t *count);
+void config_parse_emit_list(load_ctx *ctx, yaml_node_t *node, const char *path, config_emit **emits,
+                            size_t *count);
 
 /* Frees emits[0..count) and the array. */
 void config_free_emits(config_emit *emits, size_t count);

@@ -40,6 +40,8 @@ struct metrics {
     uint64_t broker_blocked_total;
     metrics_ready_fn ready;
     void *ready_ctx;
+    metrics_outbox_fn outbox;
+    void *outbox_ctx;
 };
 
 static const char *const dead_letter_classes[2] = {"non_retryable", "retries_exhausted"};
@@ -154,6 +156,12 @@ void metrics_set_ready_probe(metrics *m, metrics_ready_fn ready, void *ctx)
 {
     m->ready = ready;
     m->ready_ctx = ctx;
+}
+
+void metrics_set_outbox_probe(metrics *m, metrics_outbox_fn read, void *ctx)
+{
+    m->outbox = read;
+    m->outbox_ctx = ctx;
 }
 
 uint64_t metrics_get_count(const metrics *m, size_t consumer, outcome_label label)
@@ -442,6 +450,31 @@ int metrics_render(const metrics *m, char **out, size_t *len)
                  "# TYPE idemq_ready gauge\n"
                  "idemq_ready %d\n",
              m->ready(m->ready_ctx, reason, sizeof reason) ? 1 : 0);
+    }
+    if (m->outbox) {
+        metrics_outbox_sample o = {0};
+        m->outbox(m->outbox_ctx, &o);
+        emit(&b, "# HELP idemq_outbox_pending Outbox rows not yet published.\n"
+                 "# TYPE idemq_outbox_pending gauge\n"
+                 "idemq_outbox_pending %" PRIu64 "\n"
+                 "# HELP idemq_outbox_oldest_pending_seconds Age of the oldest outbox row not yet "
+                 "published (0 when there is none).\n"
+                 "# TYPE idemq_outbox_oldest_pending_seconds gauge\n"
+                 "idemq_outbox_oldest_pending_seconds %.3f\n"
+                 "# HELP idemq_outbox_published_total Outbox rows this process published "
+                 "(confirmed by the broker).\n"
+                 "# TYPE idemq_outbox_published_total counter\n"
+                 "idemq_outbox_published_total %" PRIu64 "\n"
+                 "# HELP idemq_outbox_unroutable_total Outbox rows this process marked "
+                 "unroutable (returned by the broker, or their exchange does not exist).\n"
+                 "# TYPE idemq_outbox_unroutable_total counter\n"
+                 "idemq_outbox_unroutable_total %" PRIu64 "\n"
+                 "# HELP idemq_outbox_relay_leader Whether this instance's outbox relay holds "
+                 "the lease (publishes).\n"
+                 "# TYPE idemq_outbox_relay_leader gauge\n"
+                 "idemq_outbox_relay_leader %d\n",
+             o.pending, o.oldest_pending_s, o.published_total, o.unroutable_total,
+             o.leader ? 1 : 0);
     }
     render_process(&b);
     if (b.failed) {

@@ -23,6 +23,14 @@
  *                                            work queue's own dead-letter route
  *   idemq_ready                              1 when /readyz answers 200 (asked at each render,
  *                                            when a readiness probe is set)
+ *   idemq_outbox_pending                     outbox rows not yet published (state 0), counted
+ *                                            by the relay at most once a second
+ *   idemq_outbox_oldest_pending_seconds      age of the oldest of them (0: none)
+ *   idemq_outbox_published_total             outbox rows this process published (confirmed)
+ *   idemq_outbox_unroutable_total            outbox rows this process marked unroutable
+ *   idemq_outbox_relay_leader                1 while this instance's relay holds the lease
+ *                                            (the five outbox series: read from the relay at
+ *                                            each render, when an outbox probe is set)
  *   process_*                                the standard process metrics, read from /proc at
  *                                            each render (left out where /proc cannot be read):
  *                                            cpu_seconds_total, resident_memory_bytes,
@@ -82,6 +90,20 @@ metrics_pause metrics_get_pause(const metrics *m);
  * ready NULL leaves idemq_ready out. ctx is borrowed and must outlive the metrics' last render. */
 typedef bool (*metrics_ready_fn)(void *ctx, char *reason, size_t reason_len);
 void metrics_set_ready_probe(metrics *m, metrics_ready_fn ready, void *ctx);
+
+/* What the outbox relay reports (outbox/relay.h), read at each render: it must not block. A
+ * struct of its own so that this header does not depend on the relay. */
+typedef struct metrics_outbox_sample {
+    uint64_t pending;
+    double oldest_pending_s;
+    uint64_t published_total;
+    uint64_t unroutable_total;
+    bool leader;
+} metrics_outbox_sample;
+typedef void (*metrics_outbox_fn)(void *ctx, metrics_outbox_sample *out);
+/* read NULL (the default) leaves the idemq_outbox_* series out. ctx is borrowed and must outlive
+ * the metrics' last render (or the next call). */
+void metrics_set_outbox_probe(metrics *m, metrics_outbox_fn read, void *ctx);
 
 uint64_t metrics_get_count(const metrics *m, size_t consumer, outcome_label label);
 bool metrics_get_up(const metrics *m, metrics_dependency dependency);

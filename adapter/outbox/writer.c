@@ -19,10 +19,16 @@
 #include "db/prepare.h"
 
 #define INSERT_PARAMS 8
+/* A flush inserts n rows with one statement per set bit of n: rows 2^k at a time, k < 12, so a
+ * connection prepares at most 12 statements and a batch of up to 4095 rows takes at most 12 round
+ * trips (a batch of 32 messages, one emit each: one). */
+#define INSERT_CLASSES 12
+#define INSERT_ROWS_MAX ((size_t)1 << (INSERT_CLASSES - 1))
 
-static const char insert_sql[] =
+static const char insert_head[] =
     "INSERT INTO idemq_outbox (source_biz_key, handler_name, emit_name, biz_key, exchange, "
-    "routing_key, content_type, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
+    "routing_key, content_type, body) VALUES ";
+static const char insert_row[] = "(?, ?, ?, ?, ?, ?, ?, ?)";
 
 /* A span of the arena. */
 typedef struct span {
@@ -40,14 +46,16 @@ typedef struct outbox_row {
 struct outbox_writer {
     char *arena;
     size_t used, cap;
-    bool out_of_memory;  /* an append failed: the row being built is abandoned */
+    bool out_of_memory; /* an append failed: the row being built is abandoned */
     outbox_row *rows;
     size_t count, rows_cap;
-    MYSQL_STMT *insert;  /* prepared on first flush, on the session's connection */
+    MYSQL_STMT *insert[INSERT_CLASSES]; /* 2^k rows each; prepared on first use */
+    MYSQL_BIND *binds;                  /* INSERT_PARAMS × INSERT_ROWS_MAX, on first flush */
+    db_bind_slot *slots;
 };
 
-void outbox_derive_key(const char *source_biz_key, const char *handler_name,
-                       const char *emit_name, char *out)
+void outbox_derive_key(const char *source_biz_key, const char *handler_name, const char *emit_name,
+                       char *out)
 {
     const char *parts[3] = {source_biz_key, handler_name, emit_name};
     unsigned char digest[EVP_MAX_MD_SIZE];
@@ -79,9 +87,12 @@ outbox_writer *outbox_writer_new(void)
 
 void outbox_writer_disconnect(outbox_writer *w)
 {
-    if (w && w->insert) {
-        mysql_stmt_close(w->insert);
-        w->insert = NULL;
+    if (!w)
+        return;
+    for (size_t k = 0; k < INSERT_CLASSES; k++) {
+        if (w->insert[k])
+            mysql_stmt_close(w->insert[k]);
+        w->insert[k] = NULL;
     }
 }
 
@@ -92,6 +103,8 @@ void outbox_writer_free(outbox_writer *w)
     outbox_writer_disconnect(w);
     free(w->arena);
     free(w->rows);
+    free(w->binds);
+    free(w->slots);
     free(w);
 }
 
@@ -181,7 +194,8 @@ static void pack_json(msgpack_packer *pk, const json_t *v)
         const char *key;
         const json_t *member;
         msgpack_pack_map(pk, json_object_size(v));
-        json_object_foreach ((json_t *)v, key, member) {
+        json_object_foreach((json_t *)v, key, member)
+        {
             size_t n = strlen(key);
             msgpack_pack_str(pk, n);
             msgpack_pack_str_body(pk, key, n);
@@ -225,8 +239,8 @@ static const json_t *field_value(const config_emit_field *f, const envelope *env
 }
 
 typedef struct body_source {
-    const config_emit *emit;   /* configured fields, or */
-    const json_t *fields;      /* a plugin's map */
+    const config_emit *emit; /* configured fields, or */
+    const json_t *fields;    /* a plugin's map */
     const envelope *env;
 } body_source;
 
@@ -314,16 +328,16 @@ static int add_row(outbox_writer *w, size_t item, const config_consumer *c, cons
     }
     if (row->parts[7].len > OUTBOX_BODY_MAX) {
         w->used = mark;
-        snprintf(err, err_len, "emit %s: the outgoing message is %zu bytes; at most %zu fit",
-                 name, row->parts[7].len, OUTBOX_BODY_MAX);
+        snprintf(err, err_len, "emit %s: the outgoing message is %zu bytes; at most %zu fit", name,
+                 row->parts[7].len, OUTBOX_BODY_MAX);
         return -1;
     }
     w->count++;
     return 0;
 }
 
-int outbox_writer_add(outbox_writer *w, size_t item, const config_consumer *c,
-                      const config_emit *e, const envelope *env, char *err, size_t err_len)
+int outbox_writer_add(outbox_writer *w, size_t item, const config_consumer *c, const config_emit *e,
+                      const envelope *env, char *err, size_t err_len)
 {
     /* Every field is looked up before anything is written: a message that lacks one is
      * dead-lettered with the field's name, and no partial row exists. */
@@ -363,8 +377,8 @@ int outbox_writer_add_fields(outbox_writer *w, size_t item, const config_consume
                              const json_t *fields, char *err, size_t err_len)
 {
     if (check_name("the name", name, 1, OUTBOX_NAME_MAX, err, err_len) < 0 ||
-        check_name("the exchange", exchange ? exchange : "", 0, OUTBOX_EXCHANGE_MAX, err,
-                   err_len) < 0 ||
+        check_name("the exchange", exchange ? exchange : "", 0, OUTBOX_EXCHANGE_MAX, err, err_len) <
+            0 ||
         check_name("the routing key", routing_key, 0, OUTBOX_ROUTING_KEY_MAX, err, err_len) < 0)
         return -1;
     if (!json_is_object(fields)) {
@@ -397,42 +411,72 @@ void outbox_writer_clear(outbox_writer *w)
     w->out_of_memory = false;
 }
 
+/* The statement inserting 2^k rows, prepared on first use. */
+static int insert_statement(outbox_writer *w, MYSQL *db, size_t k, MYSQL_STMT **out,
+                            db_error *error)
+{
+    if (!w->insert[k]) {
+        size_t rows = (size_t)1 << k;
+        size_t cap = sizeof insert_head + rows * (sizeof insert_row + 2);
+        char *sql = malloc(cap);
+        if (!sql)
+            return -ENOMEM;
+        size_t len = (size_t)snprintf(sql, cap, "%s", insert_head);
+        for (size_t i = 0; i < rows; i++)
+            len += (size_t)snprintf(sql + len, cap - len, "%s%s", i ? ", " : "", insert_row);
+        int rc = db_prepare(db, sql, &w->insert[k], error);
+        free(sql);
+        if (rc != 0)
+            return rc;
+    }
+    *out = w->insert[k];
+    return 0;
+}
+
 int outbox_writer_flush(outbox_writer *w, MYSQL *db, size_t *inserted, db_error *error)
 {
-    size_t done = 0;
+    size_t done = 0, live = 0;
     int rc = 0;
 
     if (inserted)
         *inserted = 0;
-    if (outbox_writer_pending(w) == 0) {
-        outbox_writer_clear(w);
-        return 0;
+    /* The rows to insert, packed to the front (dropped ones left out), in the order added. */
+    for (size_t i = 0; i < w->count; i++)
+        if (!w->rows[i].dropped)
+            w->rows[live++] = w->rows[i];
+    if (live > 0 && !w->binds) {
+        w->binds = calloc(INSERT_PARAMS * INSERT_ROWS_MAX, sizeof *w->binds);
+        w->slots = calloc(INSERT_PARAMS * INSERT_ROWS_MAX, sizeof *w->slots);
+        if (!w->binds || !w->slots)
+            rc = -ENOMEM;
     }
-    if (!w->insert) {
-        rc = db_prepare(db, insert_sql, &w->insert, error);
-        if (rc != 0) {
-            outbox_writer_clear(w);
-            return rc;
+    while (rc == 0 && done < live) {
+        size_t left = live - done, k = INSERT_CLASSES - 1;
+        while (((size_t)1 << k) > left)
+            k--;
+        size_t rows = (size_t)1 << k;
+        MYSQL_STMT *stmt;
+        rc = insert_statement(w, db, k, &stmt, error);
+        if (rc != 0)
+            break;
+        for (size_t r = 0; r < rows; r++) {
+            const outbox_row *row = &w->rows[done + r];
+            for (size_t p = 0; p < INSERT_PARAMS; p++) {
+                size_t at = r * INSERT_PARAMS + p;
+                memset(&w->slots[at], 0, sizeof w->slots[at]);
+                db_bind_string(&w->binds[at], &w->slots[at], w->arena + row->parts[p].off,
+                               row->parts[p].len);
+            }
         }
-    }
-    for (size_t i = 0; i < w->count && rc == 0; i++) {
-        const outbox_row *row = &w->rows[i];
-        MYSQL_BIND binds[INSERT_PARAMS];
-        db_bind_slot slots[INSERT_PARAMS];
-        if (row->dropped)
-            continue;
-        memset(slots, 0, sizeof slots);
-        for (size_t p = 0; p < INSERT_PARAMS; p++)
-            db_bind_string(&binds[p], &slots[p], w->arena + row->parts[p].off, row->parts[p].len);
-        if (mysql_stmt_bind_param(w->insert, binds) != 0 || mysql_stmt_execute(w->insert) != 0) {
-            db_error_of_statement(w->insert, error);
+        if (mysql_stmt_bind_param(stmt, w->binds) != 0 || mysql_stmt_execute(stmt) != 0) {
+            db_error_of_statement(stmt, error);
             rc = -1;
             break;
         }
-        done++;
+        done += rows;
     }
     outbox_writer_clear(w);
     if (inserted)
-        *inserted = done;
+        *inserted = rc == 0 ? done : 0;
     return rc;
 }

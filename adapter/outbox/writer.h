@@ -50,8 +50,8 @@ typedef struct outbox_writer outbox_writer;
 
 /* The outgoing biz_key of emit_name for source_biz_key under handler_name (all borrowed), into
  * out (OUTBOX_KEY_LEN + 1 bytes, NUL-terminated). */
-void outbox_derive_key(const char *source_biz_key, const char *handler_name,
-                       const char *emit_name, char *out);
+void outbox_derive_key(const char *source_biz_key, const char *handler_name, const char *emit_name,
+                       char *out);
 
 /* An empty writer, owned by the caller, or NULL when out of memory. */
 outbox_writer *outbox_writer_new(void);
@@ -67,8 +67,8 @@ void outbox_writer_free(outbox_writer *w);
  * tagged item. -1 when env lacks one of e's fields, or the body would exceed OUTBOX_BODY_MAX:
  * err says which, as "emit NAME: ...".
  */
-int outbox_writer_add(outbox_writer *w, size_t item, const config_consumer *c,
-                      const config_emit *e, const envelope *env, char *err, size_t err_len);
+int outbox_writer_add(outbox_writer *w, size_t item, const config_consumer *c, const config_emit *e,
+                      const envelope *env, char *err, size_t err_len);
 
 /*
  * The plugin's emit: a row named name to exchange/routing_key (borrowed, checked here: -1 with

@@ -7,10 +7,11 @@
  *   set-based (the state machine, handlers/handler.h handler_apply_batch):
  *     SAVEPOINT idemq_txn_guard; the dedup rows, in biz_key order — one INSERT IGNORE …
  *     RETURNING where the server has it (MariaDB), else one INSERT each; the handler's batch
- *     statements; one DELETE of the dedup rows of the messages that failed; RELEASE SAVEPOINT
- *     idemq_txn_guard; COMMIT
+ *     statements; the outbox rows of the messages applied (outbox/writer.h); one DELETE of the
+ *     dedup rows of the messages that failed; RELEASE SAVEPOINT idemq_txn_guard; COMMIT
  *   per message (sql, plugin): for each message SAVEPOINT idemq_txn_guard, dedup INSERT, the
- *     handler, then RELEASE SAVEPOINT on success or ROLLBACK TO SAVEPOINT on failure — either
+ *     handler, its outbox rows, then RELEASE SAVEPOINT on success or ROLLBACK TO SAVEPOINT on
+ *     failure — either
  *     finding the savepoint gone proves the handler ended the transaction (store/transaction.h),
  *     which is then explained exactly as for a lone message; one COMMIT
  * When the transaction cannot finish as a whole — a deadlock, a lock wait timeout (with

@@ -4,7 +4,7 @@
  *
  * The loop thread submits one job per message (or check); a worker runs it on its session
  * (store/session.h):
- *   APPLY  the message's dedup insert and handler. A worker takes up to cfg->batch queued APPLY
+ *   APPLY  the message's dedup insert, handler and outbox rows (outbox/writer.h). A worker takes up to cfg->batch queued APPLY
  *          jobs of one consumer and applies them in one transaction with one COMMIT
  *          (store/batch.h); each job still gets its own status, exactly as if it had run alone
  *          (store/transaction.h): a duplicate, an illegal transition or a failed handler of one

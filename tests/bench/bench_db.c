@@ -158,6 +158,8 @@ void bench_db_reset(const db_dsn *dsn, const bench_workload *w)
     bench_sql(db, "CREATE DATABASE " BENCH_DATABASE);
     bench_sql(db, "USE " BENCH_DATABASE);
     bench_sql(db, store_dedup_ddl);
+    bench_sql(db, store_outbox_ddl);
+    bench_sql(db, store_outbox_lease_ddl);
     bench_sql(db, "CREATE TABLE orders (order_id VARCHAR(64) PRIMARY KEY, status VARCHAR(32) NOT "
                   "NULL, amount BIGINT NULL) ENGINE=InnoDB");
     bench_insert_orders(db, 'b', w->orders);
@@ -611,9 +613,17 @@ static long long scalar(MYSQL *db, const char *sql)
 double bench_db_run(const db_dsn *dsn, const bench_workload *w, bench_shape shape, int workers,
                     int batch)
 {
+    bench_db_reset(dsn, w);
+    return bench_db_run_reset(dsn, w, shape, workers, batch, NULL, NULL);
+}
+
+double bench_db_run_reset(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
+                          int workers, int batch, void (*at_start)(void *), void *arg)
+{
     if (batch < 1 || batch > MAX_BATCH || workers < 1 || workers > 64)
         die("bench_db_run", "batch 1..1024, workers 1..64");
-    bench_db_reset(dsn, w);
+    if (at_start)
+        at_start(arg);
     run_state r = {.dsn = dsn, .w = w, .shape = shape, .batch = batch};
     atomic_init(&r.cursor, 0);
     worker *wk = calloc((size_t)workers, sizeof *wk);

@@ -72,4 +72,9 @@ void bench_db_reset(const db_dsn *dsn, const bench_workload *w);
 double bench_db_run(const db_dsn *dsn, const bench_workload *w, bench_shape shape, int workers,
                     int batch);
 
+/* bench_db_run on a database bench_db_reset has just prepared: at_start(arg) (may be NULL) runs
+ * right before the workers start (to start load that shares the machine with them). */
+double bench_db_run_reset(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
+                          int workers, int batch, void (*at_start)(void *), void *arg);
+
 #endif

@@ -561,7 +561,15 @@ Test(handlers, bad_plugins_stop_idemq_run_with_exit_2)
     char *out = NULL;
     int rc = harness_run_cli(&H, &out, args);
     cr_expect_eq(rc, 0, "idemq check exited %d:\n%s", rc, out);
-    cr_expect(strstr(out, "plugin ledger (ABI 1)"), "%s", out);
+    cr_expect(strstr(out, "plugin ledger (ABI 2)"), "%s", out);
+    free(out);
+    /* A plugin built for ABI 1 (before host->emit) still loads. */
+    o.handler_yaml = plugin_yaml(IDEMQ_ABI_V1_PLUGIN, NULL);
+    harness_write_config(&H, &o);
+    out = NULL;
+    rc = harness_run_cli(&H, &out, args);
+    cr_expect_eq(rc, 0, "idemq check exited %d:\n%s", rc, out);
+    cr_expect(strstr(out, "plugin abi_v1 (ABI 1)"), "%s", out);
     free(out);
     o.handler_yaml = plugin_yaml(IDEMQ_BAD_ABI_PLUGIN, NULL);
     harness_write_config(&H, &o);

@@ -134,6 +134,57 @@ Test(metrics, idemq_ready_is_the_probes_answer_at_each_render)
     metrics_free(m);
 }
 
+static metrics_outbox_sample outbox_sample;
+static int outbox_calls;
+
+static void fake_outbox(void *ctx, metrics_outbox_sample *out)
+{
+    cr_assert_eq(ctx, &outbox_sample);
+    *out = outbox_sample;
+    outbox_calls++;
+}
+
+Test(metrics, outbox_series_are_the_relays_values_at_each_render_and_absent_without_a_relay)
+{
+    metrics *m = metrics_new(&cfg);
+    char *page = render(m);
+    cr_assert_null(strstr(page, "idemq_outbox_"), "outbox series without a probe:\n%s", page);
+    free(page);
+
+    metrics_set_outbox_probe(m, fake_outbox, &outbox_sample);
+    outbox_sample = (metrics_outbox_sample){.pending = 7, .oldest_pending_s = 12.5,
+                                            .published_total = 40, .unroutable_total = 2,
+                                            .leader = true};
+    page = render(m);
+    cr_assert_eq(value_of(page, "idemq_outbox_pending"), 7, "%s", page);
+    cr_assert_eq(value_of(page, "idemq_outbox_oldest_pending_seconds"), 12.5, "%s", page);
+    cr_assert_eq(value_of(page, "idemq_outbox_published_total"), 40, "%s", page);
+    cr_assert_eq(value_of(page, "idemq_outbox_unroutable_total"), 2, "%s", page);
+    cr_assert_eq(value_of(page, "idemq_outbox_relay_leader"), 1, "%s", page);
+    cr_assert(strstr(page, "# TYPE idemq_outbox_pending gauge\n"));
+    cr_assert(strstr(page, "# TYPE idemq_outbox_oldest_pending_seconds gauge\n"));
+    cr_assert(strstr(page, "# TYPE idemq_outbox_published_total counter\n"));
+    cr_assert(strstr(page, "# TYPE idemq_outbox_unroutable_total counter\n"));
+    cr_assert(strstr(page, "# TYPE idemq_outbox_relay_leader gauge\n"));
+    free(page);
+
+    /* Read again at the next render: a standby now, the backlog drained. */
+    outbox_sample = (metrics_outbox_sample){.published_total = 47, .unroutable_total = 2};
+    page = render(m);
+    cr_assert_eq(value_of(page, "idemq_outbox_pending"), 0, "%s", page);
+    cr_assert_eq(value_of(page, "idemq_outbox_oldest_pending_seconds"), 0, "%s", page);
+    cr_assert_eq(value_of(page, "idemq_outbox_published_total"), 47, "%s", page);
+    cr_assert_eq(value_of(page, "idemq_outbox_relay_leader"), 0, "%s", page);
+    cr_assert_eq(outbox_calls, 2);
+    free(page);
+
+    metrics_set_outbox_probe(m, NULL, NULL);
+    page = render(m);
+    cr_assert_null(strstr(page, "idemq_outbox_"), "%s", page);
+    free(page);
+    metrics_free(m);
+}
+
 Test(metrics, process_metrics_describe_this_process)
 {
     metrics *m = metrics_new(&cfg);

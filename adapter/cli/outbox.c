@@ -1,0 +1,1109 @@
+/*
+ * outbox — `idemq outbox list|retry|purge`: the operator's view of idemq_outbox
+ * (schemas/mysql/003_outbox.sql), the rows handlers write in their transaction and the relay
+ * publishes after the COMMIT.
+ *
+ * list reads the rows oldest first (by id: the order they were written, and the relay's) and
+ * ends with the count of every state from one GROUP BY. Both reads run in one transaction
+ * (db_connect turns autocommit off), so under InnoDB's default REPEATABLE READ the summary
+ * counts the same snapshot the listing shows.
+ *
+ * retry and purge change rows the relay may be working on at the same time, so each works in
+ * chunks of CHUNK_ROWS rows, one transaction each (short row locks, never one statement over a
+ * whole table), and walks only the rows that existed when it started (ids up to the largest one
+ * it saw first): a row the relay marks unroutable again while retry runs, or that becomes
+ * unroutable during a purge, is left for the next run instead of being chased. A chunk reads its
+ * ids without locking and then changes those rows by primary key (walk_chunks), so it never
+ * locks a row it does not change, such as a pending row the relay is publishing.
+ *
+ * Only unroutable rows are retried (set back to pending, last_error cleared, attempts kept): a
+ * pending row is still to be sent and a published one was confirmed by the broker, so neither
+ * is touched. Pending rows are never purged either: they are messages not yet sent, and every
+ * DELETE says `state IN (1, 2)` or narrower.
+ *
+ * Errors: the subcommand's exit code (cli.h); a missing table says to run `idemq migrate`.
+ * Blocking, single-threaded: a one-shot tool on the main thread.
+ */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <mysql.h>
+#include <mysqld_error.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "db/connect.h"
+#include "db/dsn.h"
+
+/* Rows per transaction of retry and purge (and ids per statement of --id). */
+#define CHUNK_ROWS 1000
+
+/* idemq_outbox.state */
+enum { STATE_PENDING = 0, STATE_PUBLISHED = 1, STATE_UNROUTABLE = 2 };
+
+/* ------------------------------------------------------------------------------------ options */
+
+int cli_outbox_parse_states(const char *text, unsigned *states)
+{
+    static const struct {
+        const char *word;
+        unsigned bits;
+    } words[] = {{"pending", OUTBOX_STATE_PENDING},
+                 {"published", OUTBOX_STATE_PUBLISHED},
+                 {"unroutable", OUTBOX_STATE_UNROUTABLE},
+                 {"all", OUTBOX_STATE_ALL}};
+    unsigned bits = 0;
+    const char *p = text;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        unsigned found = 0;
+        for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+            if (strlen(words[i].word) == len && strncmp(words[i].word, p, len) == 0)
+                found = words[i].bits;
+        if (!found)
+            return -1;
+        bits |= found;
+        if (!p[len])
+            break;
+        p += len + 1;
+    }
+    *states |= bits;
+    return 0;
+}
+
+const char *cli_outbox_usage_problem(const outbox_options *o)
+{
+    bool ids = o->id_count > 0;
+    switch (o->action) {
+    case OUTBOX_LIST:
+        if (ids || o->unroutable || o->published || o->older_than_set)
+            return "outbox list selects rows with --state (and --limit); --id, --unroutable, "
+                   "--published and --older-than are for retry and purge";
+        if (o->yes)
+            return "outbox list changes nothing: --yes is for purge";
+        return NULL;
+    case OUTBOX_RETRY:
+        if (o->states || o->limit || o->published || o->older_than_set || o->yes)
+            return "outbox retry takes --id N (repeatable) or --unroutable, and --json";
+        if (ids == o->unroutable)
+            return "outbox retry needs either --id N (repeatable) or --unroutable";
+        return NULL;
+    case OUTBOX_PURGE:
+        if (o->states || o->limit)
+            return "outbox purge selects rows with --published, --unroutable or --id, not "
+                   "--state or --limit";
+        if ((int)ids + (int)o->unroutable + (int)o->published != 1)
+            return "outbox purge needs exactly one of --published, --unroutable or --id N";
+        if (o->older_than_set && !o->published)
+            return "--older-than goes with --published (it compares published_at)";
+        return NULL;
+    }
+    return "outbox needs list, retry or purge";
+}
+
+/* ----------------------------------------------------------------------------- the database */
+
+static const char table_missing[] = "idemq_outbox does not exist; run `idemq migrate`";
+
+/* Reports the failure of the last statement on db and returns exit code 1. */
+static int fail(MYSQL *db, const char *cmd, const char *doing)
+{
+    unsigned number = mysql_errno(db);
+    if (number == ER_NO_SUCH_TABLE)
+        fprintf(stderr, "%s: %s\n", cmd, table_missing);
+    else
+        fprintf(stderr, "%s: %s failed: %s (error %u)\n", cmd, doing, mysql_error(db), number);
+    return 1;
+}
+
+/* The first column of the one row of sql as a number (NULL: 0). Returns 0 or -1 (see
+ * mysql_error). */
+static int scalar(MYSQL *db, const char *sql, long long *out)
+{
+    if (mysql_query(db, sql) != 0)
+        return -1;
+    MYSQL_RES *res = mysql_store_result(db);
+    if (!res)
+        return -1;
+    MYSQL_ROW row = mysql_fetch_row(res);
+    *out = row && row[0] ? strtoll(row[0], NULL, 10) : 0;
+    mysql_free_result(res);
+    return 0;
+}
+
+/* The same connection as check and migrate (cli/admin.c): the URL, mysql.password_file and
+ * mysql.tls through db_dsn_from_config. Returned owned, or NULL with a reason in err. */
+static MYSQL *connect_database(const config *cfg, char *err, size_t err_len)
+{
+    db_dsn dsn;
+    if (db_dsn_from_config(cfg, &dsn, err, err_len) != 0)
+        return NULL;
+    MYSQL *db = db_connect(&dsn, NULL, err, err_len);
+    explicit_bzero(dsn.password, sizeof dsn.password);
+    return db;
+}
+
+static const char *state_word(int state, char *buf, size_t len)
+{
+    switch (state) {
+    case STATE_PENDING:
+        return "pending";
+    case STATE_PUBLISHED:
+        return "published";
+    case STATE_UNROUTABLE:
+        return "unroutable";
+    default:
+        snprintf(buf, len, "state %d", state);
+        return buf;
+    }
+}
+
+/* ----------------------------------------------------------------------------------- display */
+
+/* Length of the valid UTF-8 sequence at s (n > 0 bytes left) of a printable character, or 0
+ * when it is not one (an invalid byte, a control character). */
+static size_t printable_sequence(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    if (c < 0x80)
+        return c >= 0x20 && c < 0x7f ? 1 : 0;
+    size_t len;
+    uint32_t min;
+    if ((c & 0xe0) == 0xc0) {
+        len = 2;
+        min = 0x80;
+    } else if ((c & 0xf0) == 0xe0) {
+        len = 3;
+        min = 0x800;
+    } else if ((c & 0xf8) == 0xf0) {
+        len = 4;
+        min = 0x10000;
+    } else {
+        return 0;
+    }
+    if (len > n)
+        return 0;
+    uint32_t cp = c & (0x7fu >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3fu);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || cp < 0xa0)
+        return 0;
+    return len;
+}
+
+/* Writes the field bytes[0..len) to out for the table: printable UTF-8 as it is, other bytes as
+ * \xNN, at most width columns (counting a character as one), cut with "..." when longer; "-"
+ * when empty or NULL. Pads with spaces to width unless last. */
+static void print_field(FILE *out, const char *bytes, size_t len, size_t width, bool last)
+{
+    if (!bytes || len == 0) {
+        bytes = "-";
+        len = 1;
+    }
+    const unsigned char *s = (const unsigned char *)bytes;
+    /* First pass: does it fit? */
+    size_t columns = 0;
+    for (size_t i = 0; i < len;) {
+        size_t n = printable_sequence(s + i, len - i);
+        columns += n ? 1 : 4;
+        i += n ? n : 1;
+    }
+    size_t room = columns <= width ? width : width - 3;
+    size_t used = 0;
+    for (size_t i = 0; i < len;) {
+        size_t n = printable_sequence(s + i, len - i);
+        size_t cols = n ? 1 : 4;
+        if (used + cols > room)
+            break;
+        if (n)
+            fwrite(s + i, 1, n, out);
+        else
+            fprintf(out, "\\x%02x", s[i]);
+        used += cols;
+        i += n ? n : 1;
+    }
+    if (columns > width) {
+        fputs("...", out);
+        used += 3;
+    }
+    if (!last)
+        for (; used < width + 2; used++)
+            fputc(' ', out);
+}
+
+/* "45s", "12m5s", "3h20m", "2d4h": the two largest units. */
+static void format_age(long long seconds, char *buf, size_t len)
+{
+    if (seconds < 0)
+        seconds = 0;
+    if (seconds < 60)
+        snprintf(buf, len, "%llds", seconds);
+    else if (seconds < 3600)
+        snprintf(buf, len, "%lldm%llds", seconds / 60, seconds % 60);
+    else if (seconds < 86400)
+        snprintf(buf, len, "%lldh%lldm", seconds / 3600, seconds % 3600 / 60);
+    else
+        snprintf(buf, len, "%lldd%lldh", seconds / 86400, seconds % 86400 / 3600);
+}
+
+/* Milliseconds since the epoch as "2024-05-01T10:00:00.123Z". */
+static void format_time_ms(long long ms, char *buf, size_t len)
+{
+    time_t seconds = (time_t)(ms / 1000);
+    struct tm utc;
+    gmtime_r(&seconds, &utc);
+    char whole[32];
+    strftime(whole, sizeof whole, "%Y-%m-%dT%H:%M:%S", &utc);
+    snprintf(buf, len, "%s.%03lldZ", whole, ms % 1000);
+}
+
+/* Standard base64 (RFC 4648, padded) of bytes[0..len); returned owned, NULL when out of memory. */
+static char *base64_encode(const unsigned char *bytes, size_t len)
+{
+    static const char alphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *out = malloc((len + 2) / 3 * 4 + 1);
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len; i += 3) {
+        uint32_t v = (uint32_t)bytes[i] << 16;
+        if (i + 1 < len)
+            v |= (uint32_t)bytes[i + 1] << 8;
+        if (i + 2 < len)
+            v |= bytes[i + 2];
+        out[o++] = alphabet[v >> 18 & 63];
+        out[o++] = alphabet[v >> 12 & 63];
+        out[o++] = i + 1 < len ? alphabet[v >> 6 & 63] : '=';
+        out[o++] = i + 2 < len ? alphabet[v & 63] : '=';
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* Sets obj[key] to the bytes as a JSON string when they are valid UTF-8 (jansson checks), else
+ * to their base64 with obj["<key>_encoding"] = "base64"; always_say_encoding also writes "text"
+ * in the first case (the body). NULL bytes: JSON null. Returns 0 or -1 (out of memory). */
+static int set_bytes(json_t *obj, const char *key, const char *bytes, size_t len,
+                     bool always_say_encoding)
+{
+    char encoding_key[64];
+    snprintf(encoding_key, sizeof encoding_key, "%s_encoding", key);
+    if (!bytes)
+        return json_object_set_new(obj, key, json_null());
+    json_t *text = json_stringn(bytes, len);
+    if (text) {
+        if (json_object_set_new(obj, key, text) != 0)
+            return -1;
+        return always_say_encoding ? json_object_set_new(obj, encoding_key, json_string("text"))
+                                   : 0;
+    }
+    char *encoded = base64_encode((const unsigned char *)bytes, len);
+    if (!encoded)
+        return -1;
+    int rc = json_object_set_new(obj, key, json_string(encoded));
+    free(encoded);
+    if (rc == 0)
+        rc = json_object_set_new(obj, encoding_key, json_string("base64"));
+    return rc;
+}
+
+/* Prints obj (taken) on one line. Returns 0 or -1 (out of memory). */
+static int print_json_line(json_t *obj)
+{
+    if (!obj)
+        return -1;
+    char *text = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(obj);
+    if (!text)
+        return -1;
+    puts(text);
+    free(text);
+    return 0;
+}
+
+/* -------------------------------------------------------------------------------------- list */
+
+/* The columns of the listing's SELECT, in this order. */
+enum {
+    COL_ID,
+    COL_STATE,
+    COL_ATTEMPTS,
+    COL_AGE,
+    COL_HANDLER,
+    COL_EMIT,
+    COL_EXCHANGE,
+    COL_ROUTING_KEY,
+    COL_BIZ_KEY,
+    COL_SOURCE,
+    COL_CONTENT_TYPE,
+    COL_CREATED_MS,
+    COL_PUBLISHED_MS,
+    COL_LAST_ERROR,
+    COL_BODY, /* --json only */
+};
+
+/* Text-mode widths, in columns, of the truncated fields. */
+typedef struct text_column {
+    const char *title;
+    int col;
+    size_t width;
+} text_column;
+
+static const text_column text_columns[] = {
+    {"id", COL_ID, 8},
+    {"state", COL_STATE, 10},
+    {"age", COL_AGE, 7},
+    {"attempts", COL_ATTEMPTS, 8},
+    {"handler", COL_HANDLER, 16},
+    {"emit", COL_EMIT, 14},
+    {"exchange", COL_EXCHANGE, 18},
+    {"routing key", COL_ROUTING_KEY, 20},
+    {"biz_key", COL_BIZ_KEY, 24},
+    {"source biz_key", COL_SOURCE, 30},
+    {"last_error", COL_LAST_ERROR, 60},
+};
+#define TEXT_COLUMNS (sizeof text_columns / sizeof text_columns[0])
+
+static void print_text_row(MYSQL_ROW row, const unsigned long *lengths)
+{
+    char state[32], age[32];
+    for (size_t i = 0; i < TEXT_COLUMNS; i++) {
+        const text_column *c = &text_columns[i];
+        const char *value = row[c->col];
+        size_t len = value ? lengths[c->col] : 0;
+        if (c->col == COL_STATE) {
+            value = state_word(atoi(row[COL_STATE]), state, sizeof state);
+            len = strlen(value);
+        } else if (c->col == COL_AGE) {
+            format_age(row[COL_AGE] ? strtoll(row[COL_AGE], NULL, 10) : 0, age, sizeof age);
+            value = age;
+            len = strlen(age);
+        }
+        print_field(stdout, value, len, c->width, i + 1 == TEXT_COLUMNS);
+    }
+    putchar('\n');
+}
+
+static json_t *row_json(MYSQL_ROW row, const unsigned long *lengths)
+{
+    char state[32], created[40], published[40];
+    format_time_ms(strtoll(row[COL_CREATED_MS], NULL, 10), created, sizeof created);
+    if (row[COL_PUBLISHED_MS])
+        format_time_ms(strtoll(row[COL_PUBLISHED_MS], NULL, 10), published, sizeof published);
+    json_t *obj = json_pack(
+        "{s:I, s:s, s:I, s:I, s:s, s:s?}", "id", (json_int_t)strtoll(row[COL_ID], NULL, 10),
+        "state", state_word(atoi(row[COL_STATE]), state, sizeof state), "attempts",
+        (json_int_t)strtoll(row[COL_ATTEMPTS], NULL, 10), "age_seconds",
+        (json_int_t)(row[COL_AGE] ? strtoll(row[COL_AGE], NULL, 10) : 0), "created_at", created,
+        "published_at", row[COL_PUBLISHED_MS] ? published : NULL);
+    if (!obj)
+        return NULL;
+    static const struct {
+        const char *key;
+        int col;
+    } binary[] = {{"handler_name", COL_HANDLER},
+                  {"emit_name", COL_EMIT},
+                  {"exchange", COL_EXCHANGE},
+                  {"routing_key", COL_ROUTING_KEY},
+                  {"biz_key", COL_BIZ_KEY},
+                  {"source_biz_key", COL_SOURCE},
+                  {"content_type", COL_CONTENT_TYPE},
+                  {"last_error", COL_LAST_ERROR},
+                  {"body", COL_BODY}};
+    for (size_t i = 0; i < sizeof binary / sizeof binary[0]; i++) {
+        int col = binary[i].col;
+        if (set_bytes(obj, binary[i].key, row[col], row[col] ? lengths[col] : 0, col == COL_BODY) !=
+            0) {
+            json_decref(obj);
+            return NULL;
+        }
+    }
+    return obj;
+}
+
+/* The listing's WHERE for opts->states (0: pending and unroutable), into buf. */
+static void state_condition(unsigned states, char *buf, size_t len)
+{
+    if (!states)
+        states = OUTBOX_STATE_PENDING | OUTBOX_STATE_UNROUTABLE;
+    if (states == OUTBOX_STATE_ALL) {
+        buf[0] = '\0'; /* every row, also a state this idemq does not know */
+        return;
+    }
+    size_t n = (size_t)snprintf(buf, len, " WHERE state IN (");
+    const char *sep = "";
+    if (states & OUTBOX_STATE_PENDING) {
+        n += (size_t)snprintf(buf + n, len - n, "%s%d", sep, STATE_PENDING);
+        sep = ", ";
+    }
+    if (states & OUTBOX_STATE_PUBLISHED) {
+        n += (size_t)snprintf(buf + n, len - n, "%s%d", sep, STATE_PUBLISHED);
+        sep = ", ";
+    }
+    if (states & OUTBOX_STATE_UNROUTABLE)
+        n += (size_t)snprintf(buf + n, len - n, "%s%d", sep, STATE_UNROUTABLE);
+    snprintf(buf + n, len - n, ")");
+}
+
+/* "pending and unroutable", for the summary line. */
+static void states_words(unsigned states, char *buf, size_t len)
+{
+    if (!states)
+        states = OUTBOX_STATE_PENDING | OUTBOX_STATE_UNROUTABLE;
+    if (states == OUTBOX_STATE_ALL) {
+        snprintf(buf, len, "any state");
+        return;
+    }
+    const char *words[3];
+    size_t count = 0;
+    if (states & OUTBOX_STATE_PENDING)
+        words[count++] = "pending";
+    if (states & OUTBOX_STATE_UNROUTABLE)
+        words[count++] = "unroutable";
+    if (states & OUTBOX_STATE_PUBLISHED)
+        words[count++] = "published";
+    if (count == 1)
+        snprintf(buf, len, "state %s", words[0]);
+    else if (count == 2)
+        snprintf(buf, len, "state %s or %s", words[0], words[1]);
+}
+
+/* The summary: rows per state over the whole table, from one GROUP BY. */
+static int print_summary(MYSQL *db, const outbox_options *opts, size_t shown)
+{
+    if (mysql_query(db, "SELECT state, COUNT(*) FROM idemq_outbox GROUP BY state") != 0)
+        return fail(db, "idemq outbox list", "counting the rows");
+    MYSQL_RES *res = mysql_store_result(db);
+    if (!res)
+        return fail(db, "idemq outbox list", "counting the rows");
+    long long pending = 0, published = 0, unroutable = 0, other = 0;
+    MYSQL_ROW row;
+    while ((row = mysql_fetch_row(res))) {
+        long long count = strtoll(row[1], NULL, 10);
+        switch (atoi(row[0])) {
+        case STATE_PENDING:
+            pending = count;
+            break;
+        case STATE_PUBLISHED:
+            published = count;
+            break;
+        case STATE_UNROUTABLE:
+            unroutable = count;
+            break;
+        default:
+            other += count;
+            break;
+        }
+    }
+    mysql_free_result(res);
+    if (opts->json) {
+        json_t *counts = json_pack("{s:I, s:I, s:I}", "pending", (json_int_t)pending, "unroutable",
+                                   (json_int_t)unroutable, "published", (json_int_t)published);
+        if (counts && other)
+            json_object_set_new(counts, "other", json_integer((json_int_t)other));
+        if (print_json_line(
+                json_pack("{s:o?, s:I}", "summary", counts, "shown", (json_int_t)shown)) != 0) {
+            fprintf(stderr, "idemq outbox list: out of memory\n");
+            return 1;
+        }
+        return 0;
+    }
+    char words[64];
+    states_words(opts->states, words, sizeof words);
+    printf("%zu row(s) shown (%s%s); idemq_outbox: pending %lld, unroutable %lld, published "
+           "%lld",
+           shown, words,
+           opts->limit && shown == opts->limit ? ", oldest first, --limit reached"
+                                               : ", oldest first",
+           pending, unroutable, published);
+    if (other)
+        printf(", other states %lld", other);
+    putchar('\n');
+    return 0;
+}
+
+static int list(MYSQL *db, const outbox_options *opts)
+{
+    const char *cmd = "idemq outbox list";
+    char where[64], limit[32] = "", sql[1024];
+    state_condition(opts->states, where, sizeof where);
+    if (opts->limit)
+        snprintf(limit, sizeof limit, " LIMIT %zu", opts->limit);
+    /* Times as the server computes them: age against its clock (the one created_at came
+     * from), the timestamps in ms since the epoch (UNIX_TIMESTAMP reads them in the session's
+     * time zone, the server's default like every idemq session). The body only for --json: it
+     * may be megabytes, and the table has no room for it. */
+    snprintf(sql, sizeof sql,
+             "SELECT id, state, attempts, TIMESTAMPDIFF(SECOND, created_at, NOW(3)), "
+             "handler_name, emit_name, exchange, routing_key, biz_key, source_biz_key, "
+             "content_type, FLOOR(UNIX_TIMESTAMP(created_at) * 1000), "
+             "FLOOR(UNIX_TIMESTAMP(published_at) * 1000), last_error%s "
+             "FROM idemq_outbox%s ORDER BY id%s",
+             opts->json ? ", body" : "", where, limit);
+    if (mysql_query(db, sql) != 0)
+        return fail(db, cmd, "reading idemq_outbox");
+    /* Streamed: a backlog of a million rows is listed without holding it in memory. */
+    MYSQL_RES *res = mysql_use_result(db);
+    if (!res)
+        return fail(db, cmd, "reading idemq_outbox");
+    size_t shown = 0;
+    bool oom = false;
+    MYSQL_ROW row;
+    while ((row = mysql_fetch_row(res))) {
+        const unsigned long *lengths = mysql_fetch_lengths(res);
+        if (opts->json) {
+            if (!oom && print_json_line(row_json(row, lengths)) != 0)
+                oom = true; /* keep fetching: the result must be read to its end */
+        } else {
+            if (shown == 0) {
+                for (size_t i = 0; i < TEXT_COLUMNS; i++)
+                    print_field(stdout, text_columns[i].title, strlen(text_columns[i].title),
+                                text_columns[i].width, i + 1 == TEXT_COLUMNS);
+                putchar('\n');
+            }
+            print_text_row(row, lengths);
+        }
+        shown++;
+    }
+    bool read_failed = mysql_errno(db) != 0;
+    mysql_free_result(res);
+    if (read_failed)
+        return fail(db, cmd, "reading idemq_outbox");
+    if (oom) {
+        fprintf(stderr, "%s: out of memory\n", cmd);
+        return 1;
+    }
+    return print_summary(db, opts, shown);
+}
+
+/* ------------------------------------------------------------------------ rows named by --id */
+
+static int compare_ids(const void *a, const void *b)
+{
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* opts->ids sorted, without repeats; returned owned in *out (NULL when out of memory). */
+static size_t unique_ids(const outbox_options *opts, unsigned long long **out)
+{
+    *out = malloc((opts->id_count ? opts->id_count : 1) * sizeof **out);
+    if (!*out)
+        return 0;
+    memcpy(*out, opts->ids, opts->id_count * sizeof **out);
+    qsort(*out, opts->id_count, sizeof **out, compare_ids);
+    size_t n = 0;
+    for (size_t i = 0; i < opts->id_count; i++)
+        if (n == 0 || (*out)[n - 1] != (*out)[i])
+            (*out)[n++] = (*out)[i];
+    return n;
+}
+
+/* "1, 5, 9" for an IN list of ids[0..count); returned owned, NULL when out of memory. */
+static char *id_list(const unsigned long long *ids, size_t count)
+{
+    char *text = malloc(count * 22 + 1);
+    if (!text)
+        return NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++)
+        n += (size_t)sprintf(text + n, "%s%llu", i ? ", " : "", ids[i]);
+    text[n] = '\0';
+    return text;
+}
+
+/* The states of ids[0..count) (sorted), -1 for a missing row, into states[]: one SELECT, with
+ * FOR UPDATE when lock (the caller then changes them in the same transaction). Returns 0 or -1
+ * (see mysql_error; errno ENOMEM when out of memory). */
+static int read_states(MYSQL *db, const unsigned long long *ids, size_t count, bool lock,
+                       int *states)
+{
+    char *in = id_list(ids, count);
+    char *sql = in ? malloc(strlen(in) + 128) : NULL;
+    if (!sql) {
+        free(in);
+        errno = ENOMEM;
+        return -1;
+    }
+    sprintf(sql, "SELECT id, state FROM idemq_outbox WHERE id IN (%s) ORDER BY id%s", in,
+            lock ? " FOR UPDATE" : "");
+    free(in);
+    int rc = mysql_query(db, sql);
+    free(sql);
+    MYSQL_RES *res = rc == 0 ? mysql_store_result(db) : NULL;
+    if (!res) {
+        errno = 0;
+        return -1;
+    }
+    for (size_t i = 0; i < count; i++)
+        states[i] = -1;
+    size_t at = 0;
+    MYSQL_ROW row;
+    while ((row = mysql_fetch_row(res))) {
+        unsigned long long id = strtoull(row[0], NULL, 10);
+        while (at < count && ids[at] < id)
+            at++;
+        if (at < count && ids[at] == id)
+            states[at] = atoi(row[1]);
+    }
+    mysql_free_result(res);
+    return 0;
+}
+
+/* Runs the statement `head (ids...)`, head ending in "id IN", with the ids[0..count); *affected
+ * gets the rows it changed. Returns 0 or -1 (as read_states). */
+static int run_with_ids(MYSQL *db, const char *head, const unsigned long long *ids, size_t count,
+                        unsigned long long *affected)
+{
+    char *in = id_list(ids, count);
+    char *sql = in ? malloc(strlen(head) + strlen(in) + 4) : NULL;
+    if (!sql) {
+        free(in);
+        errno = ENOMEM;
+        return -1;
+    }
+    sprintf(sql, "%s (%s)", head, in);
+    free(in);
+    int rc = mysql_query(db, sql);
+    free(sql);
+    if (rc != 0) {
+        errno = 0;
+        return -1;
+    }
+    *affected = (unsigned long long)mysql_affected_rows(db);
+    return 0;
+}
+
+/* Reports a failure of read_states or run_with_ids, and rolls the chunk back. Returns 1. */
+static int fail_ids(MYSQL *db, const char *cmd, const char *doing)
+{
+    if (errno == ENOMEM) {
+        fprintf(stderr, "%s: out of memory\n", cmd);
+        mysql_rollback(db);
+        return 1;
+    }
+    fail(db, cmd, doing);
+    mysql_rollback(db);
+    return 1;
+}
+
+/* Adds {"id": id, "state": word} to array (NULL: nothing). */
+static void note_left_alone(json_t *array, unsigned long long id, int state)
+{
+    char buf[32];
+    if (array)
+        json_array_append_new(
+            array, json_pack("{s:I, s:s}", "id", (json_int_t)id, "state",
+                             state < 0 ? "missing" : state_word(state, buf, sizeof buf)));
+}
+
+/*
+ * Applies `head WHERE condition AND id IN (...)` (head an UPDATE or DELETE of idemq_outbox) to
+ * the rows matching condition with ids up to max_id, CHUNK_ROWS per transaction, walking the id
+ * forward. Each chunk's ids come from a consistent (non-locking) read, and the statement then
+ * locks only those rows by primary key and checks condition again: a plain `DELETE ... WHERE
+ * state = 1 ORDER BY id LIMIT 1000` may scan the primary key and, under REPEATABLE READ, lock
+ * every row it passes, the relay's pending rows included. A row that stopped matching between
+ * the two is left alone. *changed (0 at the start) adds the rows changed by each committed
+ * chunk. Returns 0 or -1 (as read_states; the open chunk is rolled back by the caller).
+ */
+static int walk_chunks(MYSQL *db, const char *condition, long long max_id, const char *head,
+                       unsigned long long *changed)
+{
+    unsigned long long *ids = malloc(CHUNK_ROWS * sizeof *ids);
+    size_t head_len = strlen(head) + strlen(condition) + 32;
+    char *chunk_head = malloc(head_len);
+    int rc = -1;
+    if (!ids || !chunk_head) {
+        errno = ENOMEM;
+        goto out;
+    }
+    snprintf(chunk_head, head_len, "%s WHERE %s AND id IN", head, condition);
+    long long after = 0;
+    for (;;) {
+        char sql[512];
+        snprintf(sql, sizeof sql,
+                 "SELECT id FROM idemq_outbox WHERE %s AND id > %lld AND id <= %lld ORDER BY id "
+                 "LIMIT %d",
+                 condition, after, max_id, CHUNK_ROWS);
+        errno = 0;
+        if (mysql_query(db, sql) != 0)
+            goto out;
+        MYSQL_RES *res = mysql_store_result(db);
+        if (!res)
+            goto out;
+        size_t n = 0;
+        MYSQL_ROW row;
+        while ((row = mysql_fetch_row(res)) && n < CHUNK_ROWS)
+            ids[n++] = strtoull(row[0], NULL, 10);
+        mysql_free_result(res);
+        if (n == 0)
+            break;
+        unsigned long long affected = 0;
+        if (run_with_ids(db, chunk_head, ids, n, &affected) != 0)
+            goto out;
+        errno = 0;
+        if (mysql_commit(db) != 0)
+            goto out;
+        *changed += affected;
+        after = (long long)ids[n - 1];
+        if (n < CHUNK_ROWS)
+            break;
+    }
+    rc = 0;
+out:
+    free(ids);
+    free(chunk_head);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------- retry */
+
+/* Prints retry's result line. Returns exit code base (1 when out of memory). */
+static int print_retry_result(const outbox_options *opts, unsigned long long requeued,
+                              json_t *left_alone, int base)
+{
+    size_t others = left_alone ? json_array_size(left_alone) : 0;
+    if (opts->json) {
+        if (print_json_line(json_pack("{s:I, s:o}", "requeued", (json_int_t)requeued, "left_alone",
+                                      left_alone ? left_alone : json_array())) != 0) {
+            fprintf(stderr, "idemq outbox retry: out of memory\n");
+            return 1;
+        }
+        return base;
+    }
+    json_decref(left_alone);
+    printf("requeued %llu unroutable row(s): pending again, the relay publishes them%s\n", requeued,
+           others ? "; the other --id rows were left alone (only unroutable rows are retried)"
+                  : "");
+    return base;
+}
+
+/* retry --id: each chunk's rows locked, the unroutable ones set back to pending, committed. */
+static int retry_ids(MYSQL *db, const outbox_options *opts)
+{
+    const char *cmd = "idemq outbox retry";
+    unsigned long long *ids;
+    size_t count = unique_ids(opts, &ids);
+    int *states = ids ? malloc(CHUNK_ROWS * sizeof *states) : NULL;
+    json_t *left_alone = json_array();
+    if (!states || !left_alone) {
+        free(ids);
+        free(states);
+        json_decref(left_alone);
+        fprintf(stderr, "%s: out of memory\n", cmd);
+        return 1;
+    }
+    unsigned long long requeued = 0;
+    int exit_code = 0;
+    bool failed = false;
+    for (size_t start = 0; start < count && !failed; start += CHUNK_ROWS) {
+        size_t n = count - start < CHUNK_ROWS ? count - start : CHUNK_ROWS;
+        unsigned long long affected = 0;
+        if (read_states(db, ids + start, n, true, states) != 0) {
+            failed = true;
+            fail_ids(db, cmd, "reading the rows");
+            break;
+        }
+        if (run_with_ids(db,
+                         "UPDATE idemq_outbox SET state = 0, last_error = NULL "
+                         "WHERE state = 2 AND id IN",
+                         ids + start, n, &affected) != 0) {
+            failed = true;
+            fail_ids(db, cmd, "requeueing the rows");
+            break;
+        }
+        if (mysql_commit(db) != 0) {
+            failed = true;
+            fail(db, cmd, "committing");
+            break;
+        }
+        requeued += affected;
+        for (size_t i = 0; i < n; i++) {
+            unsigned long long id = ids[start + i];
+            char buf[32];
+            if (states[i] == STATE_UNROUTABLE)
+                continue;
+            exit_code = 1; /* the caller asked for a row that was not requeued */
+            note_left_alone(left_alone, id, states[i]);
+            if (states[i] < 0)
+                fprintf(stderr, "%s: id %llu: no such row\n", cmd, id);
+            else if (states[i] == STATE_PENDING)
+                fprintf(stderr,
+                        "%s: id %llu is pending (not yet published): left alone; only "
+                        "unroutable rows are retried\n",
+                        cmd, id);
+            else if (states[i] == STATE_PUBLISHED)
+                fprintf(stderr,
+                        "%s: id %llu was published: left alone, it is not sent again; only "
+                        "unroutable rows are retried\n",
+                        cmd, id);
+            else
+                fprintf(stderr,
+                        "%s: id %llu has %s: left alone; only unroutable rows are "
+                        "retried\n",
+                        cmd, id, state_word(states[i], buf, sizeof buf));
+        }
+    }
+    free(ids);
+    free(states);
+    if (failed) {
+        json_decref(left_alone); /* reported */
+        if (requeued)
+            fprintf(stderr, "%s: %llu row(s) were requeued before the failure\n", cmd, requeued);
+        return 1;
+    }
+    return print_retry_result(opts, requeued, left_alone, exit_code);
+}
+
+/* retry --unroutable: every unroutable row up to the largest id at the start. */
+static int retry_unroutable(MYSQL *db, const outbox_options *opts)
+{
+    const char *cmd = "idemq outbox retry";
+    long long max_id;
+    if (scalar(db, "SELECT COALESCE(MAX(id), 0) FROM idemq_outbox", &max_id) != 0)
+        return fail(db, cmd, "reading idemq_outbox");
+    mysql_rollback(db);
+    unsigned long long requeued = 0;
+    if (walk_chunks(db, "state = 2", max_id, "UPDATE idemq_outbox SET state = 0, last_error = NULL",
+                    &requeued) != 0) {
+        fail_ids(db, cmd, "requeueing the unroutable rows");
+        if (requeued)
+            fprintf(stderr, "%s: %llu row(s) were requeued before the failure\n", cmd, requeued);
+        return 1;
+    }
+    return print_retry_result(opts, requeued, NULL, 0);
+}
+
+/* ------------------------------------------------------------------------------------- purge */
+
+static const char never_pending[] = "pending rows are never purged: they are messages not yet sent";
+
+/* What purge --published or --unroutable deletes, into buf: rows of that state (published
+ * before @idemq_purge_cutoff, which purge_rows sets first). */
+static void purge_condition(const outbox_options *opts, char *buf, size_t len)
+{
+    snprintf(buf, len, "state = %d%s", opts->published ? STATE_PUBLISHED : STATE_UNROUTABLE,
+             opts->older_than_set ? " AND published_at < @idemq_purge_cutoff" : "");
+}
+
+/* "published row(s) published more than 7d ago", for the messages. */
+static void purge_what(const outbox_options *opts, char *buf, size_t len)
+{
+    if (opts->published && opts->older_than_set) {
+        char ago[32];
+        unsigned long long ms = opts->older_than_ms;
+        if (ms % 86400000 == 0)
+            snprintf(ago, sizeof ago, "%llud", ms / 86400000);
+        else if (ms % 3600000 == 0)
+            snprintf(ago, sizeof ago, "%lluh", ms / 3600000);
+        else if (ms % 60000 == 0)
+            snprintf(ago, sizeof ago, "%llum", ms / 60000);
+        else if (ms % 1000 == 0)
+            snprintf(ago, sizeof ago, "%llus", ms / 1000);
+        else
+            snprintf(ago, sizeof ago, "%llums", ms);
+        snprintf(buf, len, "published row(s) published more than %s ago", ago);
+    } else {
+        snprintf(buf, len, "%s row(s)", opts->published ? "published" : "unroutable");
+    }
+}
+
+static int print_purge_result(const outbox_options *opts, const char *what,
+                              unsigned long long deleted, json_t *left_alone, int base)
+{
+    if (opts->json) {
+        json_t *doc = json_pack("{s:I}", "deleted", (json_int_t)deleted);
+        if (doc && left_alone)
+            json_object_set_new(doc, "left_alone", left_alone);
+        else
+            json_decref(left_alone);
+        if (print_json_line(doc) != 0) {
+            fprintf(stderr, "idemq outbox purge: out of memory\n");
+            return 1;
+        }
+        return base;
+    }
+    json_decref(left_alone);
+    printf("deleted %llu %s from idemq_outbox\n", deleted, what);
+    return base;
+}
+
+/* The refusal without --yes. Returns EXIT_USAGE, as dlq purge does. */
+static int refuse_purge(const outbox_options *opts, const char *what, unsigned long long count)
+{
+    if (opts->json)
+        print_json_line(json_pack("{s:I, s:I}", "would_delete", (json_int_t)count, "deleted", 0));
+    fprintf(stderr, "idemq outbox purge: this would delete %llu %s; pass --yes (%s)\n", count, what,
+            never_pending);
+    return EXIT_USAGE;
+}
+
+/* purge --published / --unroutable. */
+static int purge_rows(MYSQL *db, const outbox_options *opts)
+{
+    const char *cmd = "idemq outbox purge";
+    char sql[512], condition[160], what[96];
+    purge_condition(opts, condition, sizeof condition);
+    purge_what(opts, what, sizeof what);
+    /* Fixed at the start, so the chunks delete what the count counted (give or take the rows
+     * the relay changes meanwhile), and a purge never chases rows that arrive while it runs.
+     * The cutoff is a user variable: it outlives the chunks' transactions. One before year 1
+     * is NULL: nothing is that old, and nothing is deleted. */
+    long long max_id;
+    if (scalar(db, "SELECT COALESCE(MAX(id), 0) FROM idemq_outbox", &max_id) != 0)
+        return fail(db, cmd, "reading idemq_outbox");
+    if (opts->older_than_set) {
+        snprintf(sql, sizeof sql,
+                 "SET @idemq_purge_cutoff = NOW(3) - INTERVAL %llu SECOND - INTERVAL %llu "
+                 "MICROSECOND",
+                 opts->older_than_ms / 1000, opts->older_than_ms % 1000 * 1000);
+        if (mysql_query(db, sql) != 0)
+            return fail(db, cmd, "computing the cutoff");
+    }
+    if (!opts->yes) {
+        long long count;
+        snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM idemq_outbox WHERE %s AND id <= %lld",
+                 condition, max_id);
+        if (scalar(db, sql, &count) != 0)
+            return fail(db, cmd, "counting the rows");
+        mysql_rollback(db);
+        return refuse_purge(opts, what, (unsigned long long)count);
+    }
+    mysql_rollback(db);
+    unsigned long long deleted = 0;
+    if (walk_chunks(db, condition, max_id, "DELETE FROM idemq_outbox", &deleted) != 0) {
+        fail_ids(db, cmd, "deleting");
+        if (deleted)
+            fprintf(stderr, "%s: %llu row(s) were deleted before the failure\n", cmd, deleted);
+        return 1;
+    }
+    return print_purge_result(opts, what, deleted, NULL, 0);
+}
+
+/* purge --id: the named rows that are published or unroutable. */
+static int purge_ids(MYSQL *db, const outbox_options *opts)
+{
+    const char *cmd = "idemq outbox purge";
+    unsigned long long *ids;
+    size_t count = unique_ids(opts, &ids);
+    int *states = ids ? malloc(CHUNK_ROWS * sizeof *states) : NULL;
+    json_t *left_alone = json_array();
+    if (!states || !left_alone) {
+        free(ids);
+        free(states);
+        json_decref(left_alone);
+        fprintf(stderr, "%s: out of memory\n", cmd);
+        return 1;
+    }
+    unsigned long long deletable = 0, deleted = 0;
+    int exit_code = 0;
+    bool failed = false;
+    for (size_t start = 0; start < count && !failed; start += CHUNK_ROWS) {
+        size_t n = count - start < CHUNK_ROWS ? count - start : CHUNK_ROWS;
+        if (read_states(db, ids + start, n, opts->yes, states) != 0) {
+            failed = true;
+            fail_ids(db, cmd, "reading the rows");
+            break;
+        }
+        for (size_t i = 0; i < n; i++) {
+            unsigned long long id = ids[start + i];
+            if (states[i] == STATE_PUBLISHED || states[i] == STATE_UNROUTABLE) {
+                deletable++;
+                continue;
+            }
+            exit_code = 1;
+            note_left_alone(left_alone, id, states[i]);
+            if (states[i] < 0)
+                fprintf(stderr, "%s: id %llu: no such row\n", cmd, id);
+            else if (states[i] == STATE_PENDING)
+                fprintf(stderr, "%s: id %llu is pending: not purged (%s)\n", cmd, id,
+                        never_pending);
+            else
+                fprintf(stderr, "%s: id %llu has state %d: not purged\n", cmd, id, states[i]);
+        }
+        if (!opts->yes) {
+            mysql_rollback(db);
+            continue;
+        }
+        unsigned long long affected = 0;
+        if (run_with_ids(db, "DELETE FROM idemq_outbox WHERE state IN (1, 2) AND id IN",
+                         ids + start, n, &affected) != 0) {
+            failed = true;
+            fail_ids(db, cmd, "deleting");
+            break;
+        }
+        if (mysql_commit(db) != 0) {
+            failed = true;
+            fail(db, cmd, "committing");
+            break;
+        }
+        deleted += affected;
+    }
+    free(ids);
+    free(states);
+    if (failed) {
+        json_decref(left_alone);
+        if (deleted)
+            fprintf(stderr, "%s: %llu row(s) were deleted before the failure\n", cmd, deleted);
+        return 1;
+    }
+    if (!opts->yes) {
+        json_decref(left_alone);
+        return refuse_purge(opts, "of the named row(s), published or unroutable", deletable);
+    }
+    return print_purge_result(opts, "row(s) named by --id", deleted, left_alone, exit_code);
+}
+
+/* ------------------------------------------------------------------------------------ command */
+
+int cli_outbox(const config *cfg, const outbox_options *opts)
+{
+    static const char *const names[] = {"idemq outbox list", "idemq outbox retry",
+                                        "idemq outbox purge"};
+    const char *cmd = names[opts->action];
+    const char *problem = cli_outbox_usage_problem(opts);
+    if (problem) {
+        fprintf(stderr, "%s: %s\n", cmd, problem);
+        return EXIT_USAGE;
+    }
+    char err[1024];
+    MYSQL *db = connect_database(cfg, err, sizeof err);
+    if (!db) {
+        fprintf(stderr, "%s: %s\n", cmd, err);
+        return 1;
+    }
+    int rc;
+    /* First, so that a missing table is one clear line before anything else is printed. */
+    if (mysql_query(db, "SELECT 1 FROM idemq_outbox LIMIT 0") != 0) {
+        rc = fail(db, cmd, "reading idemq_outbox");
+        goto out;
+    }
+    mysql_free_result(mysql_store_result(db));
+    switch (opts->action) {
+    case OUTBOX_LIST:
+        rc = list(db, opts);
+        break;
+    case OUTBOX_RETRY:
+        rc = opts->unroutable ? retry_unroutable(db, opts) : retry_ids(db, opts);
+        break;
+    case OUTBOX_PURGE:
+        rc = opts->id_count ? purge_ids(db, opts) : purge_rows(db, opts);
+        break;
+    default:
+        rc = EXIT_USAGE;
+        break;
+    }
+out:
+    mysql_rollback(db);
+    mysql_close(db);
+    return rc;
+}

@@ -1,0 +1,652 @@
+/*
+ * relay — see relay.h for the design. This file is the relay thread's loop (lease, rounds,
+ * stats, retention, waiting) and the owner's side (start, notify, read, stuck, stop); the SQL is
+ * relay_db.c's, the AMQP side relay_publish.c's.
+ *
+ * Fields are grouped by who may touch them: set at start (read by both), shared under lock, and
+ * the thread's own.
+ */
+#include "outbox/relay.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <mysql.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "config/url.h"
+#include "db/connect.h"
+#include "ops/log.h"
+#include "outbox/relay_db.h"
+#include "outbox/relay_publish.h"
+#include "policy/backoff.h"
+#include "util/rng.h"
+
+#define DEFAULT_BATCH 2048
+#define DEFAULT_POLL_MS 1000
+#define DEFAULT_LEASE_MS 10000
+#define DEFAULT_STUCK_MS 60000
+#define CONFIRM_TIMEOUT_MS 10000
+#define STATS_EVERY_MS 1000
+#define SWEEP_EVERY_MS 10000
+#define SWEEP_MAX_STATEMENTS 100 /* 100 000 rows per sweep; the rest 10 s later */
+/* The thread wakes at least this often: rabbitmq-c sends heartbeats only from inside its calls. */
+#define TICK_MS 250
+/* outbox_relay_stop: the round's confirms get this much more; then the sockets are shut down. */
+#define STOP_CONFIRMS_MS 4000
+#define STOP_FORCE_MS 5000
+
+/* 100 ms doubling to 5 s, a little jitter so that replicas do not retry in step. */
+static const backoff_policy retry_backoff = {
+    .initial_ms = 100, .max_ms = 5000, .jitter_percent = 20};
+
+struct outbox_relay {
+    /* set at start */
+    const config *cfg;
+    db_dsn dsn;
+    char owner[OUTBOX_RELAY_OWNER_MAX + 1];
+    unsigned batch;
+    uint64_t poll_ms, lease_ms, retention_ms, stuck_ms;
+    unsigned long kill_after; /* test hook; 0: off */
+    int wake_fd;
+    uv_thread_t thread;
+
+    /* shared under lock */
+    uv_mutex_t lock;
+    uv_cond_t exited_cond;
+    bool stopping, exited;
+    int64_t stop_ms;    /* when outbox_relay_stop was called */
+    int db_fd, amqp_fd; /* the connections' sockets while open, else -1 */
+    outbox_relay_stats stats;
+    int64_t stats_ms;    /* when stats.pending / oldest_pending_s were counted; 0: never */
+    int64_t progress_ms; /* when the loop last finished a pass */
+
+    /* the thread's */
+    MYSQL *db;
+    relay_broker broker;
+    rng random;
+    bool leader;
+    int64_t leader_until_ms; /* a renewal at t holds the lease until t + lease on the server */
+    int64_t next_lease_ms, next_db_ms, next_amqp_ms, next_scan_ms, next_stats_ms, next_sweep_ms;
+    int64_t nack_until_ms;
+    unsigned db_failures, amqp_failures, nack_rounds;
+    bool scan_wanted; /* notified, or the poll interval passed */
+    unsigned long confirmed_rounds;
+    char last_logged[512];
+    int64_t last_logged_ms;
+};
+
+/* Copies src into dst (cap bytes), cut to fit: texts here are diagnostics. */
+static void copy_text(char *dst, size_t cap, const char *src)
+{
+    size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static bool is_stopping(outbox_relay *r)
+{
+    uv_mutex_lock(&r->lock);
+    bool s = r->stopping;
+    uv_mutex_unlock(&r->lock);
+    return s;
+}
+
+static void publish_fds(outbox_relay *r)
+{
+    uv_mutex_lock(&r->lock);
+    r->db_fd = r->db ? (int)mysql_get_socket(r->db) : -1;
+    r->amqp_fd = relay_broker_socket(&r->broker);
+    r->stats.db_connected = r->db != NULL;
+    r->stats.connected = r->broker.conn != NULL;
+    r->stats.leader = r->leader;
+    uv_mutex_unlock(&r->lock);
+}
+
+/* relay_broker's socket_closing: the AMQP socket must not be shut down once it may be another's. */
+static void amqp_socket_closing(void *ctx)
+{
+    outbox_relay *r = ctx;
+    uv_mutex_lock(&r->lock);
+    r->amqp_fd = -1;
+    uv_mutex_unlock(&r->lock);
+}
+
+static void close_db(outbox_relay *r)
+{
+    if (!r->db)
+        return;
+    uv_mutex_lock(&r->lock);
+    r->db_fd = -1; /* withdrawn before the socket closes */
+    uv_mutex_unlock(&r->lock);
+    mysql_close(r->db);
+    r->db = NULL;
+}
+
+static void set_error(outbox_relay *r, const char *text)
+{
+    uv_mutex_lock(&r->lock);
+    copy_text(r->stats.last_error, sizeof r->stats.last_error, text);
+    uv_mutex_unlock(&r->lock);
+}
+
+/* A failure is logged when it differs from the last one logged, or 30 s after it: a server that
+ * stays down every 5 s must not fill the log. */
+static void report(outbox_relay *r, const char *text)
+{
+    set_error(r, text);
+    int64_t now = now_ms();
+    if (strcmp(text, r->last_logged) == 0 && now - r->last_logged_ms < 30000)
+        return;
+    copy_text(r->last_logged, sizeof r->last_logged, text);
+    r->last_logged_ms = now;
+    log_warn(LOG_NO_CONTEXT, "outbox relay: %s", text);
+}
+
+static uint64_t backoff(outbox_relay *r, unsigned failures)
+{
+    return backoff_delay_ms(&retry_backoff, failures, rng_next(&r->random));
+}
+
+static void set_leader(outbox_relay *r, bool leader, const char *why)
+{
+    if (leader == r->leader)
+        return;
+    r->leader = leader;
+    if (leader) {
+        log_info(LOG_NO_CONTEXT, "outbox relay: leader lease acquired (owner %s); publishing",
+                 r->owner);
+        r->scan_wanted = true;
+        r->next_amqp_ms = 0;
+    } else {
+        log_info(LOG_NO_CONTEXT, "outbox relay: leader lease lost (owner %s): %s; standing by",
+                 r->owner, why);
+    }
+    publish_fds(r);
+}
+
+/* ------------------------------------------------------------------------------- connections */
+
+static void db_down(outbox_relay *r, const char *text)
+{
+    report(r, text);
+    close_db(r);
+    set_leader(r, false, "the database connection failed");
+    r->next_db_ms = now_ms() + (int64_t)backoff(r, r->db_failures++);
+    publish_fds(r);
+}
+
+static void db_up(outbox_relay *r)
+{
+    char err[1024];
+    r->db = relay_db_connect(&r->dsn, err, sizeof err);
+    if (!r->db) {
+        db_down(r, err);
+        return;
+    }
+    if (r->db_failures)
+        log_info(LOG_NO_CONTEXT, "outbox relay: connected to MySQL again");
+    r->db_failures = 0;
+    r->next_lease_ms = 0;
+    r->next_stats_ms = 0;
+    publish_fds(r);
+}
+
+static void amqp_down(outbox_relay *r, const char *text)
+{
+    char line[1200];
+    snprintf(line, sizeof line, "RabbitMQ: %s", text);
+    report(r, line);
+    relay_broker_close(&r->broker); /* dropped already after an error: a no-op then */
+    r->next_amqp_ms = now_ms() + (int64_t)backoff(r, r->amqp_failures++);
+    publish_fds(r);
+}
+
+static void amqp_up(outbox_relay *r)
+{
+    char err[4096], shown[512];
+    size_t node = 0;
+    if (relay_broker_connect(&r->broker, &node, err, sizeof err) != 0) {
+        amqp_down(r, err);
+        return;
+    }
+    config_redact_url(r->cfg->amqp_urls[node], shown, sizeof shown);
+    log_info(LOG_NO_CONTEXT, "outbox relay: connected to RabbitMQ %s", shown);
+    r->amqp_failures = 0;
+    r->scan_wanted = true;
+    publish_fds(r);
+}
+
+/* -------------------------------------------------------------------------------------- lease */
+
+/* One lease attempt (renewal when leader). Returns false when the database failed. */
+static bool lease_step(outbox_relay *r)
+{
+    char err[1024];
+    bool leader = false;
+    int64_t start = now_ms();
+    if (relay_db_lease(r->db, r->owner, r->lease_ms, &leader, err, sizeof err) != 0) {
+        db_down(r, err);
+        return false;
+    }
+    if (leader)
+        r->leader_until_ms = start + (int64_t)r->lease_ms;
+    set_leader(r, leader, "another relay holds it");
+    uint64_t every = r->lease_ms / 3;
+    if (!leader && r->poll_ms < every)
+        every = r->poll_ms;
+    r->next_lease_ms = now_ms() + (int64_t)(every ? every : 1);
+    return true;
+}
+
+/* relay_broker_publish's tick: keeps the lease while confirms are awaited; gives up the wait
+ * once outbox_relay_stop has waited long enough. */
+static bool round_tick(void *ctx)
+{
+    outbox_relay *r = ctx;
+    uv_mutex_lock(&r->lock);
+    bool give_up = r->stopping && now_ms() - r->stop_ms > STOP_CONFIRMS_MS;
+    r->progress_ms = now_ms(); /* waiting for confirms is progress, not a hang */
+    uv_mutex_unlock(&r->lock);
+    if (give_up)
+        return false;
+    if (r->db && now_ms() >= r->next_lease_ms)
+        lease_step(r); /* losing the lease now: the rows in flight are still marked */
+    return true;
+}
+
+/* -------------------------------------------------------------------------------------- round */
+
+/* Publishes and marks one batch. Returns true when the next round should follow at once (a full
+ * batch, or rows a channel close left unanswered). */
+static bool run_round(outbox_relay *r)
+{
+    char err[1024], line[1200];
+    relay_row *rows = NULL;
+    size_t count = 0;
+    bool again = false;
+    r->scan_wanted = false;
+    if (relay_db_fetch(r->db, r->batch, &rows, &count, err, sizeof err) != 0) {
+        db_down(r, err);
+        return false;
+    }
+    if (count == 0)
+        return false;
+    int rc = relay_broker_publish(&r->broker, rows, count, CONFIRM_TIMEOUT_MS, round_tick, r, err,
+                                  sizeof err);
+    bool broker_failed = rc != 0;
+    size_t unknown = 0, nacked = 0;
+    for (size_t i = 0; i < count; i++) {
+        unknown += rows[i].outcome == RELAY_ROW_UNKNOWN;
+        nacked += rows[i].outcome == RELAY_ROW_NACKED;
+    }
+    if (!broker_failed && unknown == 0 && r->kill_after && ++r->confirmed_rounds >= r->kill_after) {
+        log_warn(LOG_NO_CONTEXT,
+                 "outbox relay: %s=%lu: killing the process after the confirms "
+                 "of round %lu, before marking its %zu row(s)",
+                 OUTBOX_RELAY_KILL_ENV, r->kill_after, r->confirmed_rounds, count);
+        raise(SIGKILL);
+    }
+    relay_mark_result done = {0};
+    int mark_rc =
+        r->db ? relay_db_mark(r->db, rows, count, r->retention_ms == 0, &done, err, sizeof err)
+              : -1;
+    for (size_t i = 0; i < count; i++) {
+        if (rows[i].outcome == RELAY_ROW_UNROUTABLE)
+            log_warn(LOG_NO_CONTEXT,
+                     "outbox relay: row %" PRId64 " (biz_key %s) is unroutable "
+                     "and will not be retried: %s",
+                     rows[i].id, rows[i].biz_key.data, rows[i].error);
+    }
+    uv_mutex_lock(&r->lock);
+    r->stats.published_total += done.published;
+    r->stats.unroutable_total += done.unroutable;
+    r->stats.rounds += done.published || done.unroutable;
+    uv_mutex_unlock(&r->lock);
+    if (done.unroutable)
+        for (size_t i = count; i-- > 0;)
+            if (rows[i].outcome == RELAY_ROW_UNROUTABLE) {
+                snprintf(line, sizeof line, "row %" PRId64 ": %s", rows[i].id, rows[i].error);
+                set_error(r, line);
+                break;
+            }
+    if (nacked) {
+        for (size_t i = 0; i < count; i++)
+            if (rows[i].outcome == RELAY_ROW_NACKED) {
+                snprintf(line, sizeof line, "row %" PRId64 ": %s; retried", rows[i].id,
+                         rows[i].error);
+                report(r, line);
+                break;
+            }
+        r->nack_until_ms = now_ms() + (int64_t)backoff(r, r->nack_rounds++);
+        r->scan_wanted = true;
+    } else if (!broker_failed) {
+        r->nack_rounds = 0;
+    }
+    if (broker_failed) {
+        /* The rows without a confirm stay pending; the next round, on a new connection, takes
+         * them first. */
+        char text[1200];
+        snprintf(text, sizeof text, "%s (%zu row(s) left pending)", err, unknown);
+        amqp_down(r, text);
+        r->scan_wanted = true;
+    }
+    if (mark_rc != 0 && r->db) {
+        char text[1200];
+        snprintf(text, sizeof text, "%s (the confirmed rows will be published again)", err);
+        db_down(r, text);
+    } else if (!broker_failed && !nacked) {
+        again = count == r->batch || unknown > 0;
+    }
+    relay_rows_free(rows, count);
+    return again;
+}
+
+static void count_pending(outbox_relay *r)
+{
+    char err[1024];
+    uint64_t pending;
+    double oldest;
+    if (relay_db_pending(r->db, &pending, &oldest, err, sizeof err) != 0) {
+        db_down(r, err);
+        return;
+    }
+    uv_mutex_lock(&r->lock);
+    r->stats.pending = pending;
+    r->stats.oldest_pending_s = oldest;
+    r->stats_ms = now_ms();
+    uv_mutex_unlock(&r->lock);
+}
+
+static void sweep(outbox_relay *r)
+{
+    char err[1024];
+    uint64_t deleted = 0;
+    if (relay_db_sweep(r->db, r->retention_ms, SWEEP_MAX_STATEMENTS, &deleted, err, sizeof err) !=
+        0) {
+        db_down(r, err);
+        return;
+    }
+    if (deleted)
+        log_info(LOG_NO_CONTEXT, "outbox relay: retention deleted %" PRIu64 " published row(s)",
+                 deleted);
+}
+
+/* ----------------------------------------------------------------------------------- the loop */
+
+static bool drain_wake(outbox_relay *r)
+{
+    uint64_t count;
+    return read(r->wake_fd, &count, sizeof count) == (ssize_t)sizeof count;
+}
+
+/* Sleeps until notified, the AMQP socket is readable, or until (at most TICK_MS). */
+static void wait_until(outbox_relay *r, int64_t until)
+{
+    int64_t wait = until - now_ms();
+    if (wait > TICK_MS)
+        wait = TICK_MS;
+    if (wait < 0)
+        wait = 0;
+    struct pollfd fds[2] = {{.fd = r->wake_fd, .events = POLLIN}};
+    nfds_t n = 1;
+    if (r->broker.conn) {
+        if (amqp_frames_enqueued(r->broker.conn) || amqp_data_in_buffer(r->broker.conn))
+            wait = 0;
+        fds[1] = (struct pollfd){.fd = relay_broker_socket(&r->broker), .events = POLLIN};
+        n = 2;
+    }
+    poll(fds, n, (int)wait);
+}
+
+static int64_t earliest(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+static void relay_main(void *arg)
+{
+    outbox_relay *r = arg;
+    char err[1024];
+    mysql_thread_init();
+    while (!is_stopping(r)) {
+        int64_t now = now_ms();
+        if (drain_wake(r) || now >= r->next_scan_ms)
+            r->scan_wanted = true;
+        if (!r->db && now >= r->next_db_ms)
+            db_up(r);
+        if (r->db && now >= r->next_lease_ms)
+            lease_step(r);
+        if (r->leader && now >= r->leader_until_ms)
+            set_leader(r, false, "not renewed in time");
+        if (!r->leader && r->broker.conn) {
+            relay_broker_close(&r->broker); /* only the leader keeps a connection */
+            publish_fds(r);
+        }
+        if (r->leader && !r->broker.conn && now >= r->next_amqp_ms)
+            amqp_up(r);
+        if (r->broker.conn && relay_broker_service(&r->broker, err, sizeof err) != 0)
+            amqp_down(r, err);
+        bool again = false;
+        if (r->scan_wanted && r->leader && r->db && r->broker.conn &&
+            now_ms() >= r->nack_until_ms) {
+            again = run_round(r);
+            r->next_scan_ms = now_ms() + (int64_t)r->poll_ms;
+        }
+        if (r->db && now_ms() >= r->next_stats_ms) {
+            count_pending(r);
+            r->next_stats_ms = now_ms() + STATS_EVERY_MS;
+        }
+        if (r->db && r->leader && r->retention_ms && now_ms() >= r->next_sweep_ms) {
+            sweep(r);
+            r->next_sweep_ms = now_ms() + SWEEP_EVERY_MS;
+        }
+        uv_mutex_lock(&r->lock);
+        r->progress_ms = now_ms();
+        uv_mutex_unlock(&r->lock);
+        if (again)
+            continue;
+        int64_t until = earliest(r->next_stats_ms, r->db ? r->next_lease_ms : r->next_db_ms);
+        if (r->leader && r->broker.conn)
+            until = earliest(until, r->scan_wanted ? r->nack_until_ms : r->next_scan_ms);
+        else if (r->leader)
+            until = earliest(until, r->next_amqp_ms);
+        wait_until(r, until);
+    }
+    if (r->db && r->leader) {
+        if (relay_db_release(r->db, r->owner, err, sizeof err) != 0)
+            log_warn(LOG_NO_CONTEXT, "outbox relay: %s", err);
+        else
+            log_info(LOG_NO_CONTEXT, "outbox relay: leader lease released (owner %s)", r->owner);
+    }
+    r->leader = false;
+    relay_broker_close(&r->broker);
+    close_db(r);
+    mysql_thread_end();
+    uv_mutex_lock(&r->lock);
+    r->exited = true;
+    r->stats.leader = r->stats.connected = r->stats.db_connected = false;
+    uv_cond_signal(&r->exited_cond);
+    uv_mutex_unlock(&r->lock);
+}
+
+/* -------------------------------------------------------------------------------- owner's side */
+
+static uint64_t or_default(uint64_t value, uint64_t fallback)
+{
+    return value ? value : fallback;
+}
+
+int outbox_relay_start(const config *cfg, const db_dsn *dsn, const char *owner, outbox_relay **out,
+                       char *err, size_t err_len)
+{
+    *out = NULL;
+    if (!owner || !*owner || strlen(owner) > OUTBOX_RELAY_OWNER_MAX) {
+        snprintf(err, err_len, "outbox relay: the owner must be 1 to %d bytes",
+                 OUTBOX_RELAY_OWNER_MAX);
+        return -1;
+    }
+    if (cfg->amqp_url_count == 0 || !cfg->amqp_urls[0]) {
+        snprintf(err, err_len, "outbox relay: no amqp url");
+        return -1;
+    }
+    outbox_relay *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(err, err_len, "outbox relay: out of memory");
+        return -1;
+    }
+    r->cfg = cfg;
+    r->dsn = *dsn;
+    snprintf(r->owner, sizeof r->owner, "%s", owner);
+    r->batch = cfg->outbox.batch ? cfg->outbox.batch : DEFAULT_BATCH;
+    r->poll_ms = or_default(cfg->outbox.poll_interval_ms, DEFAULT_POLL_MS);
+    r->lease_ms = or_default(cfg->outbox.lease_ms, DEFAULT_LEASE_MS);
+    r->retention_ms = cfg->outbox.retention_ms;
+    r->stuck_ms = or_default(cfg->outbox.stuck_after_ms, DEFAULT_STUCK_MS);
+    const char *kill = getenv(OUTBOX_RELAY_KILL_ENV);
+    r->kill_after = kill && *kill ? strtoul(kill, NULL, 10) : 0;
+    r->db_fd = r->amqp_fd = -1;
+    rng_init(&r->random, (uint64_t)(uintptr_t)r);
+    relay_broker_init(&r->broker, cfg);
+    r->broker.socket_closing = amqp_socket_closing;
+    r->broker.socket_ctx = r;
+    r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (r->wake_fd < 0) {
+        snprintf(err, err_len, "outbox relay: eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    if (uv_mutex_init(&r->lock) != 0) {
+        snprintf(err, err_len, "outbox relay: cannot create a mutex");
+        goto fail_fd;
+    }
+    if (uv_cond_init(&r->exited_cond) != 0) {
+        snprintf(err, err_len, "outbox relay: cannot create a condition variable");
+        goto fail_mutex;
+    }
+    r->progress_ms = now_ms();
+    db_library_init(); /* before the thread: mysql_library_init is not thread-safe */
+    int rc = uv_thread_create(&r->thread, relay_main, r);
+    if (rc != 0) {
+        snprintf(err, err_len, "outbox relay: cannot start its thread: %s", uv_strerror(rc));
+        uv_cond_destroy(&r->exited_cond);
+        goto fail_mutex;
+    }
+    *out = r;
+    return 0;
+fail_mutex:
+    uv_mutex_destroy(&r->lock);
+fail_fd:
+    close(r->wake_fd);
+fail:
+    relay_broker_fini(&r->broker);
+    explicit_bzero(r->dsn.password, sizeof r->dsn.password);
+    free(r);
+    return -1;
+}
+
+void outbox_relay_notify(outbox_relay *r)
+{
+    if (!r)
+        return;
+    uint64_t one = 1;
+    ssize_t ignored = write(r->wake_fd, &one, sizeof one); /* EAGAIN: a wake is pending anyway */
+    (void)ignored;
+}
+
+void outbox_relay_read(outbox_relay *r, outbox_relay_stats *out)
+{
+    int64_t now = now_ms();
+    uv_mutex_lock(&r->lock);
+    *out = r->stats;
+    if (out->pending && r->stats_ms)
+        out->oldest_pending_s += (double)(now - r->stats_ms) / 1000.0;
+    uv_mutex_unlock(&r->lock);
+}
+
+bool outbox_relay_stuck(outbox_relay *r, char *reason, size_t reason_len)
+{
+    outbox_relay_stats s;
+    outbox_relay_read(r, &s);
+    uv_mutex_lock(&r->lock);
+    int64_t since_progress = now_ms() - r->progress_ms;
+    bool exited = r->exited;
+    uv_mutex_unlock(&r->lock);
+    const char *last = s.last_error[0] ? s.last_error : "none";
+    if (!exited && since_progress > (int64_t)r->stuck_ms) {
+        if (reason && reason_len)
+            snprintf(reason, reason_len,
+                     "outbox relay stuck: its thread has not finished a round "
+                     "for %" PRId64 " s (last error: %s)",
+                     since_progress / 1000, last);
+        return true;
+    }
+    if (s.pending && s.oldest_pending_s * 1000.0 > (double)r->stuck_ms) {
+        if (reason && reason_len)
+            snprintf(reason, reason_len,
+                     "outbox relay stuck: the oldest pending row is %.0f s "
+                     "old (last error: %s)",
+                     s.oldest_pending_s, last);
+        return true;
+    }
+    if (reason && reason_len)
+        reason[0] = '\0';
+    return false;
+}
+
+void outbox_relay_metrics_probe(void *ctx, metrics_outbox_sample *out)
+{
+    outbox_relay_stats s;
+    outbox_relay_read(ctx, &s);
+    *out = (metrics_outbox_sample){.pending = s.pending,
+                                   .oldest_pending_s = s.oldest_pending_s,
+                                   .published_total = s.published_total,
+                                   .unroutable_total = s.unroutable_total,
+                                   .leader = s.leader};
+}
+
+void outbox_relay_stop(outbox_relay *r)
+{
+    if (!r)
+        return;
+    uv_mutex_lock(&r->lock);
+    r->stopping = true;
+    r->stop_ms = now_ms();
+    uv_mutex_unlock(&r->lock);
+    outbox_relay_notify(r);
+    uv_mutex_lock(&r->lock);
+    for (int64_t now = now_ms(); !r->exited && now - r->stop_ms < STOP_FORCE_MS; now = now_ms())
+        uv_cond_timedwait(&r->exited_cond, &r->lock,
+                          (uint64_t)(STOP_FORCE_MS - (now - r->stop_ms)) * 1000000u);
+    if (!r->exited) {
+        /* A server that does not answer: a read or write blocked on its socket returns now. */
+        if (r->db_fd >= 0)
+            shutdown(r->db_fd, SHUT_RDWR);
+        if (r->amqp_fd >= 0)
+            shutdown(r->amqp_fd, SHUT_RDWR);
+        log_warn(LOG_NO_CONTEXT, "outbox relay: stopping took over %d ms; connections cut",
+                 STOP_FORCE_MS);
+    }
+    uv_mutex_unlock(&r->lock);
+    uv_thread_join(&r->thread);
+    relay_broker_fini(&r->broker);
+    uv_cond_destroy(&r->exited_cond);
+    uv_mutex_destroy(&r->lock);
+    close(r->wake_fd);
+    explicit_bzero(r->dsn.password, sizeof r->dsn.password);
+    free(r);
+}

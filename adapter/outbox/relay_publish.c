@@ -1,0 +1,567 @@
+/*
+ * relay_publish — see relay_publish.h.
+ */
+#include "outbox/relay_publish.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+
+#include "broker/connection.h"
+#include "broker/message.h"
+#include "config/url.h"
+#include "ops/log.h"
+#include "outbox/relay.h"
+
+/* Exchanges remembered per connection; beyond this each is checked every round. */
+#define KNOWN_MAX 1024
+#define TICK_MS 250
+
+/* What a confirm callback needs: the row, and whether the channel went away (broker/confirms.h
+ * runs the callbacks of a lost channel with false, like a nack). */
+typedef struct publish_ref {
+    relay_broker *b;
+    relay_row *row;
+} publish_ref;
+
+/* snprintf for diagnostics that may be cut to fit (a row's error, err). */
+__attribute__((format(printf, 3, 4))) static void text(char *buf, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, len, fmt, ap);
+    va_end(ap);
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void relay_broker_init(relay_broker *b, const config *cfg)
+{
+    *b = (relay_broker){.cfg = cfg};
+    rng_init(&b->random, (uint64_t)(uintptr_t)b);
+    broker_nodes_init(&b->nodes, cfg->amqp_urls, cfg->amqp_url_count, &b->random);
+    broker_confirms_init(&b->confirms);
+    broker_assembly_init(&b->assembly);
+}
+
+static void forget_known(relay_broker *b)
+{
+    for (size_t i = 0; i < b->known_count; i++)
+        free(b->known[i]);
+    b->known_count = 0;
+}
+
+static bool is_known(const relay_broker *b, const relay_bytes *exchange)
+{
+    for (size_t i = 0; i < b->known_count; i++)
+        if (strcmp(b->known[i], exchange->data) == 0)
+            return true;
+    return false;
+}
+
+static void remember(relay_broker *b, const relay_bytes *exchange)
+{
+    if (b->known_count == b->known_cap) {
+        if (b->known_cap >= KNOWN_MAX)
+            return;
+        size_t cap = b->known_cap ? b->known_cap * 2 : 8;
+        char **grown = realloc(b->known, cap * sizeof *grown);
+        if (!grown)
+            return; /* checked again next round: only slower */
+        b->known = grown;
+        b->known_cap = cap;
+    }
+    char *copy = strdup(exchange->data);
+    if (copy)
+        b->known[b->known_count++] = copy;
+}
+
+static void forget(relay_broker *b, const char *exchange)
+{
+    for (size_t i = 0; i < b->known_count; i++) {
+        if (strcmp(b->known[i], exchange) == 0) {
+            free(b->known[i]);
+            b->known[i] = b->known[--b->known_count];
+            return;
+        }
+    }
+}
+
+/* The connection is gone (or given up): the confirms still owed fail with the rows UNKNOWN. */
+static void drop(relay_broker *b)
+{
+    b->channel_lost = true;
+    broker_confirms_fail_all(&b->confirms);
+    b->channel_lost = false;
+    broker_assembly_reset(&b->assembly);
+    forget_known(b);
+    if (b->conn) {
+        if (b->socket_closing)
+            b->socket_closing(b->socket_ctx);
+        amqp_destroy_connection(b->conn);
+        b->conn = NULL;
+    }
+}
+
+void relay_broker_close(relay_broker *b)
+{
+    if (!b->conn)
+        return;
+    if (b->socket_closing)
+        b->socket_closing(b->socket_ctx);
+    amqp_connection_state_t conn = b->conn;
+    b->conn = NULL;
+    drop(b);
+    broker_close(conn);
+}
+
+void relay_broker_fini(relay_broker *b)
+{
+    relay_broker_close(b);
+    drop(b);
+    free(b->known);
+    b->known = NULL;
+    b->known_cap = 0;
+}
+
+int relay_broker_socket(const relay_broker *b)
+{
+    return b->conn ? amqp_get_sockfd(b->conn) : -1;
+}
+
+int relay_broker_connect(relay_broker *b, size_t *node, char *err, size_t err_len)
+{
+    char one[1024], shown[512];
+    int rc = BROKER_E_FAILED;
+    size_t used = 0;
+    err[0] = '\0';
+    drop(b);
+    broker_nodes_new_round(&b->nodes);
+    for (const char *url; (url = broker_nodes_next(&b->nodes)) != NULL;) {
+        broker_open_options opts = {
+            .url = url,
+            .heartbeat_ms = b->cfg->heartbeat_ms,
+            .confirms = 1,
+            .tls = &b->cfg->amqp_tls,
+            .password = b->cfg->amqp_password,
+        };
+        one[0] = '\0';
+        rc = broker_open(&opts, &b->conn, one, sizeof one);
+        if (rc == 0) {
+            if (node)
+                *node = broker_nodes_last(&b->nodes);
+            broker_confirms_init(&b->confirms);
+            return 0;
+        }
+        b->conn = NULL;
+        if (b->cfg->amqp_url_count > 1) {
+            config_redact_url(url, shown, sizeof shown);
+            int n = snprintf(err + used, err_len - used, "%s%s: %s", used ? "; " : "", shown, one);
+            if (n > 0)
+                used = (size_t)n + used < err_len ? used + (size_t)n : err_len - 1;
+        } else {
+            text(err, err_len, "%s", one);
+        }
+    }
+    return rc;
+}
+
+/* The row of rows[0..count) (sorted by id) with this id, or NULL. */
+static relay_row *row_by_id(relay_broker *b, int64_t id)
+{
+    size_t lo = 0, hi = b->row_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (b->rows[mid].id == id)
+            return &b->rows[mid];
+        if (b->rows[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+static void on_confirm(void *arg, bool confirmed)
+{
+    publish_ref *ref = arg;
+    relay_row *row = ref->row;
+    if (ref->b->channel_lost || row->outcome != RELAY_ROW_UNKNOWN)
+        return; /* no answer: published again next round (or already decided: a 404) */
+    if (confirmed) {
+        row->outcome = RELAY_ROW_PUBLISHED;
+    } else if (row->returned) {
+        row->outcome = RELAY_ROW_UNROUTABLE; /* error set by the return */
+    } else {
+        row->outcome = RELAY_ROW_NACKED;
+        text(row->error, sizeof row->error,
+             "nacked by the broker (exchange '%s', routing "
+             "key '%s')",
+             row->exchange.data, row->routing_key.data);
+    }
+}
+
+/* "404 NOT_FOUND - no exchange 'x' in vhost '/'": the exchange's name into out; false when the
+ * text does not name one. */
+static bool missing_exchange(const amqp_channel_close_t *m, char *out, size_t out_len)
+{
+    static const char start[] = "no exchange '", end[] = "' in vhost '";
+    if (m->reply_code != AMQP_NOT_FOUND)
+        return false;
+    char reply[512];
+    snprintf(reply, sizeof reply, "%.*s", (int)m->reply_text.len,
+             (const char *)m->reply_text.bytes);
+    char *a = strstr(reply, start);
+    if (!a)
+        return false;
+    a += sizeof start - 1;
+    char *z = NULL;
+    for (char *p = strstr(a, end); p; p = strstr(p + 1, end))
+        z = p; /* the last one: an exchange name may hold the pattern itself */
+    if (!z)
+        return false;
+    snprintf(out, out_len, "%.*s", (int)(z - a), a);
+    return true;
+}
+
+/* After a channel.close: close-ok, channel.open, confirm.select; the confirms owed on the old
+ * channel fail with their rows UNKNOWN, and numbering starts again at 1. */
+static int reopen_channel(relay_broker *b, char *err, size_t err_len)
+{
+    char reason[256];
+    b->channel_lost = true;
+    broker_confirms_fail_all(&b->confirms);
+    b->channel_lost = false;
+    broker_assembly_reset(&b->assembly);
+    b->channel_reopened = true;
+    if (broker_reopen_channel(b->conn) != 0) {
+        text(err, err_len, "cannot reopen the channel after the broker closed it");
+        drop(b);
+        return BROKER_E_FAILED;
+    }
+    amqp_confirm_select(b->conn, BROKER_CHANNEL);
+    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+    if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+        text(err, err_len, "confirm.select on the reopened channel failed: %s",
+             broker_describe_reply(reply, reason, sizeof reason));
+        drop(b);
+        return BROKER_E_FAILED;
+    }
+    return 0;
+}
+
+/* The broker closed the channel while rows were in flight. A 404 naming an exchange marks the
+ * first unconfirmed row that publishes there (the publish that caused it; the broker drops every
+ * later one on the channel). Returns 0 (channel reopened), or BROKER_E_FAILED (dropped). */
+static int channel_closed(relay_broker *b, const amqp_channel_close_t *m, char *err, size_t err_len)
+{
+    char exchange[256];
+    if (!missing_exchange(m, exchange, sizeof exchange)) {
+        text(err, err_len, "channel closed by broker: %u %.*s", m->reply_code,
+             (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+        drop(b);
+        return BROKER_E_FAILED;
+    }
+    log_warn(LOG_NO_CONTEXT,
+             "outbox relay: the broker closed the channel (%u %.*s); reopening "
+             "it, the rows after the one that caused it go out next round",
+             m->reply_code, (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+    forget(b, exchange);
+    for (size_t i = 0; i < b->row_count; i++) {
+        relay_row *row = &b->rows[i];
+        if (row->seq && row->outcome == RELAY_ROW_UNKNOWN &&
+            strcmp(row->exchange.data, exchange) == 0) {
+            row->outcome = RELAY_ROW_UNROUTABLE;
+            text(row->error, sizeof row->error, "exchange not found: %u %.*s", m->reply_code,
+                 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+            break;
+        }
+    }
+    return reopen_channel(b, err, err_len);
+}
+
+static void returned(relay_broker *b, const broker_message *msg)
+{
+    int64_t id;
+    relay_row *row = NULL;
+    if (message_header_int(&msg->properties, OUTBOX_HEADER_OUTBOX_ID, &id))
+        row = row_by_id(b, id);
+    if (!row || !row->seq) {
+        log_warn(LOG_NO_CONTEXT,
+                 "outbox relay: the broker returned a message that is not one of "
+                 "this round's (%u %s); ignored",
+                 b->return_code, b->return_text);
+        return;
+    }
+    row->returned = true;
+    text(row->error, sizeof row->error, "unroutable: %u %s (exchange '%s', routing key '%s')",
+         b->return_code, b->return_text, b->return_exchange, b->return_routing_key);
+    broker_confirms_mark_returned(&b->confirms, row->seq);
+}
+
+/* Returns 0, or BROKER_E_FAILED (the connection was dropped, err says why). */
+static int handle_frame(relay_broker *b, const amqp_frame_t *frame, char *err, size_t err_len)
+{
+    if (frame->frame_type == AMQP_FRAME_HEADER || frame->frame_type == AMQP_FRAME_BODY) {
+        broker_message *msg = NULL;
+        bool is_return = false;
+        if (broker_assembly_add_frame(&b->assembly, frame, 0, &msg, &is_return, err, err_len)) {
+            drop(b);
+            return BROKER_E_FAILED;
+        }
+        if (msg && is_return)
+            returned(b, msg);
+        broker_message_free(msg);
+        return 0;
+    }
+    if (frame->frame_type != AMQP_FRAME_METHOD)
+        return 0;
+    const amqp_method_t *m = &frame->payload.method;
+    switch (m->id) {
+    case AMQP_BASIC_ACK_METHOD: {
+        const amqp_basic_ack_t *a = m->decoded;
+        broker_confirms_resolve(&b->confirms, a->delivery_tag, a->multiple != 0, true);
+        return 0;
+    }
+    case AMQP_BASIC_NACK_METHOD: {
+        const amqp_basic_nack_t *n = m->decoded;
+        broker_confirms_resolve(&b->confirms, n->delivery_tag, n->multiple != 0, false);
+        return 0;
+    }
+    case AMQP_BASIC_RETURN_METHOD: {
+        const amqp_basic_return_t *r = m->decoded;
+        b->return_code = r->reply_code;
+        snprintf(b->return_text, sizeof b->return_text, "%.*s", (int)r->reply_text.len,
+                 (const char *)r->reply_text.bytes);
+        snprintf(b->return_exchange, sizeof b->return_exchange, "%.*s", (int)r->exchange.len,
+                 (const char *)r->exchange.bytes);
+        snprintf(b->return_routing_key, sizeof b->return_routing_key, "%.*s",
+                 (int)r->routing_key.len, (const char *)r->routing_key.bytes);
+        broker_assembly_begin_return(&b->assembly);
+        return 0;
+    }
+    case AMQP_CHANNEL_CLOSE_METHOD:
+        return channel_closed(b, m->decoded, err, err_len);
+    case AMQP_CONNECTION_CLOSE_METHOD: {
+        char reason[512];
+        text(err, err_len, "%s", broker_describe_method(m, reason, sizeof reason));
+        amqp_connection_close_ok_t ok;
+        amqp_send_method(b->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
+        drop(b);
+        return BROKER_E_FAILED;
+    }
+    default:
+        return 0;
+    }
+}
+
+/* Reads frames for up to wait_ms (0: only what is there). Returns 0, or BROKER_E_FAILED. */
+static int read_frames(relay_broker *b, int wait_ms, char *err, size_t err_len)
+{
+    struct timeval tv = {.tv_sec = wait_ms / 1000, .tv_usec = (wait_ms % 1000) * 1000};
+    bool first = true;
+    while (b->conn) {
+        amqp_frame_t frame;
+        struct timeval zero = {0, 0};
+        int rc = amqp_simple_wait_frame_noblock(b->conn, &frame, first ? &tv : &zero);
+        first = false;
+        if (rc == AMQP_STATUS_TIMEOUT)
+            return 0;
+        if (rc != AMQP_STATUS_OK) {
+            text(err, err_len, "%s", broker_describe_status(rc));
+            drop(b);
+            return BROKER_E_FAILED;
+        }
+        if (handle_frame(b, &frame, err, err_len) != 0)
+            return BROKER_E_FAILED;
+    }
+    return BROKER_E_FAILED;
+}
+
+int relay_broker_service(relay_broker *b, char *err, size_t err_len)
+{
+    if (!b->conn) {
+        text(err, err_len, "not connected");
+        return BROKER_E_FAILED;
+    }
+    b->rows = NULL;
+    b->row_count = 0;
+    int rc = read_frames(b, 0, err, err_len);
+    if (b->conn && b->assembly.state == BROKER_ASSEMBLY_IDLE)
+        amqp_maybe_release_buffers(b->conn);
+    return rc;
+}
+
+/* Checks each exchange of rows that this connection has not seen; the rows of one that does not
+ * exist become UNROUTABLE. Returns 0 or BROKER_E_FAILED (dropped). */
+static int check_exchanges(relay_broker *b, relay_row *rows, size_t count, char *err,
+                           size_t err_len)
+{
+    char reason[512];
+    for (size_t i = 0; i < count && b->conn; i++) {
+        relay_row *row = &rows[i];
+        if (row->outcome != RELAY_ROW_UNKNOWN || row->exchange.len == 0 ||
+            is_known(b, &row->exchange))
+            continue;
+        amqp_exchange_declare(b->conn, BROKER_CHANNEL,
+                              (amqp_bytes_t){row->exchange.len, row->exchange.data},
+                              amqp_cstring_bytes("direct"), 1, 0, 0, 0, amqp_empty_table);
+        amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
+        if (reply.reply_type == AMQP_RESPONSE_NORMAL) {
+            remember(b, &row->exchange);
+            continue;
+        }
+        if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+            reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+            ((const amqp_channel_close_t *)reply.reply.decoded)->reply_code == AMQP_NOT_FOUND) {
+            const amqp_channel_close_t *m = reply.reply.decoded;
+            for (size_t k = i; k < count; k++) {
+                relay_row *same = &rows[k];
+                if (same->outcome != RELAY_ROW_UNKNOWN || same->exchange.len != row->exchange.len ||
+                    memcmp(same->exchange.data, row->exchange.data, row->exchange.len) != 0)
+                    continue;
+                same->outcome = RELAY_ROW_UNROUTABLE;
+                text(same->error, sizeof same->error, "exchange not found: %u %.*s", m->reply_code,
+                     (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+            }
+            if (reopen_channel(b, err, err_len) != 0)
+                return BROKER_E_FAILED;
+            continue;
+        }
+        text(err, err_len, "checking exchange '%s': %s", row->exchange.data,
+             broker_describe_reply(reply, reason, sizeof reason));
+        drop(b);
+        return BROKER_E_FAILED;
+    }
+    return b->conn ? 0 : BROKER_E_FAILED;
+}
+
+static int publish_row(relay_broker *b, relay_row *row, publish_ref *ref, char *err, size_t err_len)
+{
+    amqp_table_entry_t headers[4] = {
+        {.key = amqp_cstring_bytes(OUTBOX_HEADER_SOURCE_BIZ_KEY),
+         .value = {.kind = AMQP_FIELD_KIND_UTF8,
+                   .value.bytes = {row->source_biz_key.len, row->source_biz_key.data}}},
+        {.key = amqp_cstring_bytes(OUTBOX_HEADER_HANDLER),
+         .value = {.kind = AMQP_FIELD_KIND_UTF8,
+                   .value.bytes = {row->handler_name.len, row->handler_name.data}}},
+        {.key = amqp_cstring_bytes(OUTBOX_HEADER_EMIT),
+         .value = {.kind = AMQP_FIELD_KIND_UTF8,
+                   .value.bytes = {row->emit_name.len, row->emit_name.data}}},
+        {.key = amqp_cstring_bytes(OUTBOX_HEADER_OUTBOX_ID),
+         .value = {.kind = AMQP_FIELD_KIND_I64, .value.i64 = row->id}},
+    };
+    amqp_basic_properties_t props = {
+        ._flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
+                  AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_HEADERS_FLAG,
+        .delivery_mode = AMQP_DELIVERY_PERSISTENT,
+        .message_id = {row->biz_key.len, row->biz_key.data},
+        .app_id = amqp_cstring_bytes(OUTBOX_APP_ID),
+        .timestamp = (uint64_t)(row->created_at_s > 0 ? row->created_at_s : 0),
+        .headers = {.num_entries = 4, .entries = headers},
+    };
+    if (row->content_type.len) {
+        props._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
+        props.content_type = (amqp_bytes_t){row->content_type.len, row->content_type.data};
+    }
+    uint64_t seq;
+    ref->b = b;
+    ref->row = row;
+    if (broker_confirms_push(&b->confirms, on_confirm, ref, &seq) != 0) {
+        text(err, err_len, "out of memory");
+        drop(b);
+        return BROKER_E_FAILED;
+    }
+    row->seq = seq;
+    int rc = amqp_basic_publish(b->conn, BROKER_CHANNEL,
+                                (amqp_bytes_t){row->exchange.len, row->exchange.data},
+                                (amqp_bytes_t){row->routing_key.len, row->routing_key.data}, 1, 0,
+                                &props, (amqp_bytes_t){row->body.len, row->body.data});
+    if (rc != AMQP_STATUS_OK) {
+        /* The frames may be half sent: the connection cannot go on. */
+        text(err, err_len, "publish failed: %s", broker_describe_status(rc));
+        drop(b);
+        return BROKER_E_FAILED;
+    }
+    return 0;
+}
+
+int relay_broker_publish(relay_broker *b, relay_row *rows, size_t count,
+                         uint64_t confirm_timeout_ms, relay_tick_fn tick, void *ctx, char *err,
+                         size_t err_len)
+{
+    int rc = BROKER_E_FAILED;
+    publish_ref *refs = NULL;
+    b->rows = rows;
+    b->row_count = count;
+    b->channel_reopened = false;
+    if (!b->conn) {
+        text(err, err_len, "not connected");
+        goto out;
+    }
+    refs = calloc(count ? count : 1, sizeof *refs);
+    if (!refs) {
+        text(err, err_len, "out of memory");
+        goto out;
+    }
+    if (check_exchanges(b, rows, count, err, err_len) != 0)
+        goto out;
+    b->channel_reopened = false;
+    for (size_t i = 0; i < count; i++) {
+        if (rows[i].outcome != RELAY_ROW_UNKNOWN)
+            continue;
+        if (publish_row(b, &rows[i], &refs[i], err, err_len) != 0)
+            goto out;
+        /* Take the acks in as they come, so the broker never waits for us to read. */
+        if (read_frames(b, 0, err, err_len) != 0)
+            goto out;
+        if (b->channel_reopened)
+            break; /* the rest goes out next round, in order behind the rows the close swallowed */
+    }
+    int64_t start = now_ms(), next_tick = start + TICK_MS;
+    while (b->confirms.pending) {
+        int64_t now = now_ms();
+        if (now - start >= (int64_t)confirm_timeout_ms) {
+            text(err, err_len, "no publisher confirm within %" PRIu64 " ms for %zu message(s)",
+                 confirm_timeout_ms, b->confirms.pending);
+            drop(b);
+            goto out;
+        }
+        if (now >= next_tick) {
+            next_tick = now + TICK_MS;
+            if (tick && !tick(ctx)) {
+                text(err, err_len, "stopping with %zu publisher confirm(s) still owed",
+                     b->confirms.pending);
+                drop(b);
+                goto out;
+            }
+        }
+        int64_t wait = next_tick - now;
+        if (wait > (int64_t)confirm_timeout_ms - (now - start))
+            wait = (int64_t)confirm_timeout_ms - (now - start);
+        if (read_frames(b, (int)(wait > 0 ? wait : 0), err, err_len) != 0)
+            goto out;
+    }
+    rc = 0;
+out:
+    if (b->conn && b->confirms.pending) {
+        /* Only on a failure path that left the connection up: its callbacks point into refs. */
+        drop(b);
+        rc = BROKER_E_FAILED;
+    }
+    if (b->conn && b->assembly.state == BROKER_ASSEMBLY_IDLE)
+        amqp_maybe_release_buffers(b->conn);
+    free(refs);
+    b->rows = NULL;
+    b->row_count = 0;
+    return rc;
+}
