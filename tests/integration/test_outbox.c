@@ -866,6 +866,66 @@ Test(outbox, plugin_rows_only_when_handle_returns_ok_alone)
     plugin_emits("outbox_plugin_alone", 1);
 }
 
+/* ------------------------------------------------------------------ large emits in one batch */
+
+#define LARGE_MESSAGES 12
+#define LARGE_BLOB (3 * 1024 * 1024) /* under amqp.max_body (4 MiB here): 12 of them 36 MiB */
+
+Test(outbox, a_batch_of_large_emits_is_written_whole)
+{
+    harness_fixture_init(&F, "outbox_large", NULL);
+    static char handler[2048];
+    snprintf(handler, sizeof handler,
+             "      type: state_machine\n"
+             "      table: orders\n"
+             "      key_column: order_id\n"
+             "      key_field: order_id\n"
+             "      state_column: status\n"
+             "      event_field: event_type\n"
+             "      transitions:\n"
+             "        PAY_SUCCESS:\n"
+             "          from: [PAYING]\n"
+             "          to: PAID\n"
+             "          emit: {name: large, routing_key: \"%s\", fields: {blob: blob}}\n",
+             queue_named(".large"));
+    harness_options o = {.handler_yaml = handler, .top_yaml = RELAY_OFF};
+    configure(&o, 1, 32);
+    char amqp[512];
+    snprintf(amqp, sizeof amqp, "amqp: {url: \"%s\", prefetch: 64, heartbeat: 10s, max_body: 4MiB}",
+             getenv("IDEMQ_TEST_AMQP_URL"));
+    harness_config_replace_line(&F.h, "amqp: ", amqp);
+    harness_declare_topology(&F.h);
+    harness_insert_orders(&F.h, "g", LARGE_MESSAGES, "PAYING");
+    outbox_batch b = {0};
+    char *body = malloc(LARGE_BLOB + 256);
+    cr_assert(body);
+    for (int i = 0; i < LARGE_MESSAGES; i++) {
+        int n = sprintf(body,
+                        "{\"biz_key\":\"order_id:g%d:PAY_SUCCESS\",\"order_id\":\"g%d\","
+                        "\"event_type\":\"PAY_SUCCESS\",\"blob\":\"",
+                        i, i);
+        memset(body + n, 'a' + i % 26, LARGE_BLOB);
+        n += LARGE_BLOB;
+        n += sprintf(body + n, "\"}");
+        batch_add_raw(&b, body, (size_t)n);
+    }
+    free(body);
+    batch_publish(&b);
+    start();
+    cr_assert(harness_wait_scalar(&F.h, LARGE_MESSAGES, DEADLINE_MS,
+                                  "SELECT COUNT(*) FROM idemq_outbox"));
+    cr_assert(harness_wait_queue_depth(&F.h, F.h.queue, 0, DEADLINE_MS));
+    cr_assert(harness_wait_log(&F.h, OUT_PROCESSED, LARGE_MESSAGES, DEADLINE_MS));
+    harness_stop_idemq(&F.daemon);
+    cr_expect_geq(harness_log_count(&F.h, "messages: one COMMIT"), 1, "no batch formed");
+    cr_expect_eq(harness_log_count(&F.h, OUT_RETRIED), 0);
+    cr_expect_eq(harness_log_count(&F.h, "\"outcome\":\"held\""), 0,
+                 "the batch's INSERT lost the connection");
+    cr_expect_eq(scalar("SELECT COUNT(*) FROM idemq_outbox WHERE LENGTH(body) > %d", LARGE_BLOB),
+                 LARGE_MESSAGES);
+    cr_expect_eq(scalar("SELECT COUNT(DISTINCT source_biz_key) FROM idemq_outbox"), LARGE_MESSAGES);
+}
+
 /* ------------------------------------------------------------------------- kill -9 mid-batch */
 
 #define KILL_MESSAGES 300
