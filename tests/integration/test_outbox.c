@@ -3,8 +3,10 @@
  * and MariaDB writes one idemq_outbox row per emit of each message it applies, in the
  * transaction that applies it, and none for any other outcome.
  *
- * Phase 1 (this file so far) runs idemq with `outbox: {relay: false}`: it only writes rows, so
- * every row must stay pending (state 0, no attempt, no published_at).
+ * The first tests run idemq with `outbox: {relay: false}`: it only writes rows, so every row
+ * must stay pending (state 0, no attempt, no published_at). The last ones run the relay and a
+ * downstream idemq that consumes what it publishes (tests/integration/test_outbox_outage.c has
+ * the broker outage, in its own executable).
  *
  *   state machine (emit: under a transition): every applied message has exactly one row per
  *     emit — default exchange and a named one, JSON and MessagePack, fields by dotted path and
@@ -25,6 +27,22 @@
  *   kill -9 mid-batch (IDEMQ_TEST_KILL_AFTER_COMMITS, store.h), many times: after every crash
  *     the committed messages have all their rows and nothing else has any; at the end every
  *     message has exactly one row per emit: no row lost, none doubled by a redelivery.
+ *   a batch of large emits (36 MiB of rows in one batch): written whole, no lost connection
+ *     (the writer's multi-row INSERT stays under max_allowed_packet).
+ *
+ * With the relay (outbox.relay true, lease 1 s) and a downstream idemq (sql handler, dedup on
+ * the derived biz_key; its table has no unique key, so a double apply would show):
+ *   kill -9 a thousand times: 5,000 events (200 illegal, 100 missing an emit field), the
+ *     upstream killed 1,000 times (IDEMQ_TEST_OUTBOX_KILLS) within a 170 s budget
+ *     (IDEMQ_TEST_OUTBOX_BUDGET_S) — after its COMMITs (IDEMQ_TEST_KILL_AFTER_COMMITS), between
+ *     the relay's confirm and mark (IDEMQ_TEST_RELAY_KILL_AFTER_CONFIRMS) and at random moments
+ *     — and restarted each time: every committed event's message arrives and is applied once
+ *     downstream, none for the dead-lettered ones; every kill between confirm and mark shows as
+ *     at least one duplicate the downstream deduplicated. IDEMQ_TEST_OUTBOX_TRACE=1 logs each
+ *     cycle. Run with --verbose for the numbers (cr_log_info).
+ *   two instances (one config, one work queue, one outbox): both consume, one relays; a SIGTERM
+ *     to the leader and later a kill -9 hand the lease over; every row published and applied
+ *     once downstream; the duplicates (from the kill) are counted and logged.
  *
  * Assertions are made in the database, the broker and idemq's log; waits are on observable
  * conditions with deadlines. Each test has its own database and queue (harness.h).
@@ -41,6 +59,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "broker/connection.h"
 #include "broker/message.h"
 #include "envelope/envelope.h"
 #include "harness.h"
@@ -58,13 +77,34 @@
 
 static harness_fixture F;
 
+/* The downstream idemq of the relay tests: its own config, queue and log in F's directory and
+ * database (handler_name "downstream": its dedup rows never meet the upstream's). */
+typedef struct downstream {
+    char queue[96];
+    char config[320];
+    char log[320];
+    pid_t pid;
+    bool declared;
+} downstream;
+
+static downstream D;
+static pid_t second; /* a second upstream idemq (two_instances) */
+
+static void delete_downstream_queues(void);
+
 static void teardown(void)
 {
     unsetenv("IDEMQ_TEST_KILL_AFTER_COMMITS");
+    unsetenv("IDEMQ_TEST_RELAY_KILL_AFTER_CONFIRMS");
+    harness_kill_idemq(&D.pid);
+    harness_kill_idemq(&second);
+    if (F.ready && D.declared)
+        delete_downstream_queues();
+    D.declared = false;
     harness_fixture_fini(&F);
 }
 
-TestSuite(outbox, .fini = teardown, .timeout = 300);
+TestSuite(outbox, .fini = teardown, .timeout = 420);
 
 /* ------------------------------------------------------------------------------ helpers */
 
@@ -1028,4 +1068,583 @@ Test(outbox, kill_9_mid_batch_again_and_again_loses_and_doubles_no_row)
     expect_rows(rows, &w);
     json_decref(rows);
     free_want(&w);
+}
+
+/* ======================================================================= phase 2: the relay
+ *
+ * The relay on (outbox.relay true, a 1 s lease so that a killed leader's lease lapses fast) and
+ * a downstream idemq consuming what it publishes, with its own sql handler and dedup on the
+ * derived biz_key (the message_id and the body's biz_key). The downstream table has no unique
+ * key: a message applied twice shows as two rows. */
+
+#define RELAY_ON "outbox: {relay: true, poll_interval: 50ms, lease: 1s, retention: 1h}\n"
+#define RELAY_KILL_LINE "killing the process after the confirms"
+
+/* F's queue and config path trade places with the downstream's: the harness's config writer,
+ * topology and spawn then act on the downstream. Call it again to swap back. */
+static void swap_downstream(void)
+{
+    char q[sizeof D.queue], c[sizeof D.config];
+    _Static_assert(sizeof D.queue == sizeof F.h.queue, "queue names trade places");
+    _Static_assert(sizeof D.config == sizeof F.h.config_path, "config paths trade places");
+    memcpy(q, F.h.queue, sizeof q);
+    memcpy(F.h.queue, D.queue, sizeof q);
+    memcpy(D.queue, q, sizeof q);
+    memcpy(c, F.h.config_path, sizeof c);
+    memcpy(F.h.config_path, D.config, sizeof c);
+    memcpy(D.config, c, sizeof c);
+}
+
+static void delete_object(const char *name, bool exchange)
+{
+    if (exchange)
+        amqp_exchange_delete(F.h.amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0);
+    else
+        amqp_queue_delete(F.h.amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 0);
+    if (amqp_get_rpc_reply(F.h.amqp).reply_type != AMQP_RESPONSE_NORMAL) {
+        broker_reopen_channel(F.h.amqp);
+        amqp_confirm_select(F.h.amqp, BROKER_CHANNEL);
+        amqp_get_rpc_reply(F.h.amqp);
+        F.h.publish_seq = 0;
+    }
+}
+
+static void delete_downstream_queues(void)
+{
+    if (!F.h.amqp)
+        return;
+    char name[200];
+    delete_object(D.queue, false);
+    for (int level = 1; level <= 8; level++) {
+        snprintf(name, sizeof name, "%s.retry.%d", D.queue, level);
+        delete_object(name, false);
+    }
+    snprintf(name, sizeof name, "%s.dlq", D.queue);
+    delete_object(name, false);
+    snprintf(name, sizeof name, "%s.retry", D.queue);
+    delete_object(name, true);
+    snprintf(name, sizeof name, "%s.dlx", D.queue);
+    delete_object(name, true);
+}
+
+static const char downstream_handler[] =
+    "      type: sql\n"
+    "      statements:\n"
+    "        - sql: \"INSERT INTO downstream (biz_key, source, order_id, step) VALUES (:biz_key, "
+    ":source, :order_id, :step)\"\n";
+
+/* The downstream's table, config and topology (declared now: the relay's mandatory publishes
+ * need its queue before the first row goes out). */
+static void down_setup(unsigned workers, unsigned batch)
+{
+    harness_sql(&F.h, "CREATE TABLE downstream (id BIGINT AUTO_INCREMENT PRIMARY KEY, biz_key "
+                      "VARBINARY(128) NOT NULL, source VARBINARY(128) NOT NULL, order_id "
+                      "VARCHAR(64) NOT NULL, step INT NOT NULL, KEY (source), KEY (biz_key)) "
+                      "ENGINE=InnoDB");
+    char queue[200];
+    snprintf(queue, sizeof queue, "%s.down", F.h.queue);
+    cr_assert(strlen(queue) < sizeof D.queue);
+    memcpy(D.queue, queue, strlen(queue) + 1);
+    snprintf(D.config, sizeof D.config, "%s/down.yaml", F.h.dir);
+    snprintf(D.log, sizeof D.log, "%s/down.log", F.h.dir);
+    swap_downstream();
+    harness_options o = {.handler_yaml = downstream_handler, .workers = workers};
+    harness_write_config(&F.h, &o);
+    harness_config_replace_line(&F.h, "    handler_name: ", "    handler_name: downstream");
+    set_mysql(workers, batch);
+    harness_config_replace_line(&F.h, "log: ", "log: {level: info}");
+    harness_declare_topology(&F.h);
+    swap_downstream();
+    D.declared = true;
+}
+
+typedef struct path_wait {
+    const char *path, *needle, *also;
+    long at_least;
+} path_wait;
+
+static bool path_reached(harness *h, void *arg)
+{
+    (void)h;
+    const path_wait *w = arg;
+    return harness_log_count_both(w->path, w->needle, w->also) >= w->at_least;
+}
+
+static bool wait_log_in(const char *path, const char *needle, const char *also, long at_least,
+                        int timeout_ms)
+{
+    path_wait w = {path, needle, also, at_least};
+    return harness_wait_for(path_reached, &F.h, &w, timeout_ms);
+}
+
+static void down_start(void)
+{
+    long before = harness_log_count_in(D.log, READY_LINE);
+    swap_downstream();
+    D.pid = harness_spawn_logged(&F.h, D.log);
+    swap_downstream();
+    cr_assert(wait_log_in(D.log, READY_LINE, NULL, before + 1, DEADLINE_MS),
+              "the downstream idemq did not start (log: %s)", D.log);
+}
+
+/* An upstream idemq logging to log_path (borrowed), started with env NAME=VALUE (NULL: none);
+ * returns once it logged its ready line. */
+static pid_t upstream_start(const char *log_path, const char *env_name, const char *env_value)
+{
+    long before = harness_log_count_in(log_path, READY_LINE);
+    if (env_name)
+        setenv(env_name, env_value, 1);
+    pid_t pid = harness_spawn_logged(&F.h, log_path);
+    if (env_name)
+        unsetenv(env_name);
+    cr_assert(wait_log_in(log_path, READY_LINE, NULL, before + 1, DEADLINE_MS),
+              "idemq did not start (log: %s)", log_path);
+    return pid;
+}
+
+/* PAY_SUCCESS emits "paid" to the downstream queue; REFUND_START "refund-started" and
+ * REFUND_SUCCESS "refunded" (steps 1, 2, 3: the per-key order the outage test checks). */
+static char relay_handler[4096];
+
+static const char *upstream_handler(void)
+{
+    snprintf(relay_handler, sizeof relay_handler,
+             "      type: state_machine\n"
+             "      table: orders\n"
+             "      key_column: order_id\n"
+             "      key_field: order_id\n"
+             "      state_column: status\n"
+             "      event_field: event_type\n"
+             "      transitions:\n"
+             "        PAY_SUCCESS:\n"
+             "          from: [PAYING]\n"
+             "          to: PAID\n"
+             "          emit:\n"
+             "            name: paid\n"
+             "            routing_key: \"%s\"\n"
+             "            fields: {order_id: order_id, currency: currency, source: biz_key,\n"
+             "                     step: {value: 1}}\n"
+             "        REFUND_START:\n"
+             "          from: [PAID]\n"
+             "          to: REFUNDING\n"
+             "          emit: {name: refund-started, routing_key: \"%s\",\n"
+             "                 fields: {order_id: order_id, source: biz_key, step: {value: 2}}}\n"
+             "        REFUND_SUCCESS:\n"
+             "          from: [REFUNDING]\n"
+             "          to: REFUNDED\n"
+             "          emit: {name: refunded, routing_key: \"%s\",\n"
+             "                 fields: {order_id: order_id, source: biz_key, step: {value: 3}}}\n"
+             "      set: {amount: amount}\n",
+             D.queue, D.queue, D.queue);
+    return relay_handler;
+}
+
+/* Every upstream dedup row has its one outbox row and no other row exists (one emit each). */
+static void expect_one_row_per_commit(const char *when)
+{
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM idemq_outbox"),
+                 scalar("SELECT COUNT(*) FROM msg_dedup WHERE handler_name = '" HANDLER_NAME "'"),
+                 "%s: one row per committed message", when);
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM msg_dedup d LEFT JOIN idemq_outbox o ON "
+                        "o.source_biz_key = d.biz_key WHERE d.handler_name = '" HANDLER_NAME
+                        "' AND o.id IS NULL"),
+                 0, "%s: a committed message without its row", when);
+}
+
+/* The end state of a relay run: every applied upstream message's row published (state 1) and
+ * applied downstream exactly once, under its derived key; nothing else downstream. */
+static void expect_delivered_once(long long applied)
+{
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM idemq_outbox"), applied);
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM idemq_outbox WHERE state = 1"), applied,
+                 "every row published (state 1), none pending or unroutable");
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM downstream"), applied,
+                 "one downstream row per upstream row");
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM (SELECT biz_key FROM downstream GROUP BY biz_key "
+                        "HAVING COUNT(*) <> 1) t"),
+                 0, "a downstream message applied twice");
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM idemq_outbox o JOIN downstream d ON d.biz_key = "
+                        "o.biz_key AND d.source = o.source_biz_key"),
+                 applied, "each row's message arrived under its derived key");
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM msg_dedup WHERE handler_name = 'downstream'"),
+                 applied);
+}
+
+/* ---------------------------------------------------- (f) kill -9 a thousand times, relayed */
+
+#define CRASH_EVENTS 5000
+#define CRASH_ILLEGAL 200 /* REFUND_SUCCESS on a PAYING order: dead-lettered */
+#define CRASH_MISSING 100 /* PAY_SUCCESS without currency: dead-lettered, emit field missing */
+#define CRASH_APPLIED (CRASH_EVENTS - CRASH_ILLEGAL - CRASH_MISSING)
+
+static long env_long(const char *name, long def)
+{
+    const char *v = getenv(name);
+    return v && *v ? atol(v) : def;
+}
+
+/* Event i of the crash run: every 25th illegal, every 50th (offset 1) missing its currency. */
+static event crash_event(int i, char *id, size_t id_len)
+{
+    if (i % 25 == 0) {
+        snprintf(id, id_len, "ci%d", i / 25);
+        return (event){.order = id, .event = "REFUND_SUCCESS", .amount = i};
+    }
+    if (i % 50 == 1) {
+        snprintf(id, id_len, "cx%d", i / 50);
+        return (event){.order = id, .event = "PAY_SUCCESS", .amount = i, .no_currency = true};
+    }
+    snprintf(id, id_len, "c%d", i);
+    return (event){.order = id, .event = "PAY_SUCCESS", .amount = i};
+}
+
+static int publish_crash_events(int next, int count)
+{
+    outbox_batch b = {0};
+    for (; count > 0 && next < CRASH_EVENTS; count--, next++) {
+        char id[16];
+        event e = crash_event(next, id, sizeof id);
+        batch_add(&b, &e);
+    }
+    if (b.count)
+        batch_publish(&b);
+    return next;
+}
+
+/* Waits up to timeout_ms for pid to end; returns its wait status, or -1 while it runs. */
+static int wait_end(pid_t pid, int timeout_ms)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    for (;;) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return status;
+        if (harness_now_ms() >= deadline)
+            return -1;
+        struct timespec pause = {.tv_nsec = 5 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+typedef struct settled_wait {
+    long long upstream, dead, downstream;
+} settled_wait;
+
+static bool relay_settled(harness *h, void *arg)
+{
+    const settled_wait *w = arg;
+    return scalar("SELECT COUNT(*) FROM msg_dedup WHERE handler_name = '" HANDLER_NAME "'") ==
+               w->upstream &&
+           scalar("SELECT COUNT(*) FROM idemq_outbox WHERE state = 0") == 0 &&
+           scalar("SELECT COUNT(*) FROM msg_dedup WHERE handler_name = 'downstream'") ==
+               w->downstream &&
+           harness_queue_depth(h, h->queue) == 0 && harness_queue_depth(h, D.queue) == 0 &&
+           /* at least: a kill between a dead letter's confirm and the ack dead-letters the
+            * redelivery again (the DLQ is at least once) */
+           harness_queue_depth(h, queue_named(".dlq")) >= w->dead;
+}
+
+Test(outbox, relay_kill_9_a_thousand_times_delivers_every_committed_event_once, .timeout = 600)
+{
+    harness_fixture_init(&F, "outbox_crash", NULL);
+    down_setup(2, 32);
+    /* A classic work queue: the upstream is killed with unacked deliveries a thousand times, and
+     * RabbitMQ 4.x would drop a quorum queue's message after 20 returns (topology.h). */
+    harness_options o = {
+        .handler_yaml = upstream_handler(), .top_yaml = RELAY_ON, .queue_type = "classic"};
+    configure(&o, 1, 4);
+    harness_config_replace_line(&F.h, "log: ", "log: {level: info}");
+    harness_declare_topology(&F.h);
+    harness_insert_orders(&F.h, "c", CRASH_EVENTS, "PAYING");
+    harness_insert_orders(&F.h, "ci", CRASH_ILLEGAL, "PAYING");
+    harness_insert_orders(&F.h, "cx", CRASH_MISSING, "PAYING");
+    down_start();
+
+    long target = env_long("IDEMQ_TEST_OUTBOX_KILLS", 1000);
+    int64_t budget_ms = env_long("IDEMQ_TEST_OUTBOX_BUDGET_S", 170) * 1000;
+    char cycle_log[400];
+    snprintf(cycle_log, sizeof cycle_log, "%s/cycle.log", F.h.dir);
+    unsigned seed = (unsigned)getpid();
+    long kills = 0, commit_kills = 0, relay_kills = 0, test_kills = 0;
+    int64_t cycle_ms[3] = {0};
+    long cycles[3] = {0};
+    int next = 0;
+    int64_t t0 = harness_now_ms();
+    /* A backlog, so that the upstream always finds several messages to batch; each cycle but
+     * the relay's adds a few. */
+    next = publish_crash_events(next, 30);
+    while (kills < target && harness_now_ms() - t0 < budget_ms) {
+        /* 76 %: the commit window (IDEMQ_TEST_KILL_AFTER_COMMITS=1..2 batches); 4 %: the relay's
+         * window between confirm and mark (IDEMQ_TEST_RELAY_KILL_AFTER_CONFIRMS=1); 20 %: a kill
+         * -9 at a random moment within 60 ms of the start, or after 8..15 batches if that comes
+         * first (which keeps each cycle's share of the events small). */
+        int64_t cycle_t0 = harness_now_ms();
+        int kind = (int)(rand_r(&seed) % 100);
+        enum { COMMIT, RELAY, RANDOM } type = kind < 76 ? COMMIT : kind < 80 ? RELAY : RANDOM;
+        if (type != RELAY) {
+            /* at least 5 new events, and a backlog of 30 (a relay cycle drains it): the first
+             * message of an idle pool runs alone, batches form behind it */
+            long depth = harness_queue_depth(&F.h, F.h.queue);
+            next = publish_crash_events(next, depth < 25 ? 30 - (int)depth : 5);
+        }
+        if (type == COMMIT && next >= CRASH_EVENTS && harness_queue_depth(&F.h, F.h.queue) < 10)
+            type = RANDOM; /* too little left to form batches */
+        if (type == RELAY && next >= CRASH_EVENTS &&
+            scalar("SELECT COUNT(*) FROM idemq_outbox WHERE state = 0") == 0)
+            type = RANDOM; /* nothing left to relay */
+        FILE *truncate = fopen(cycle_log, "w");
+        cr_assert(truncate);
+        fclose(truncate);
+        char n[8];
+        snprintf(n, sizeof n, "%d",
+                 type == RANDOM ? 8 + (int)(rand_r(&seed) % 8) : 1 + (int)(rand_r(&seed) % 2));
+        /* No wait for the ready line: a kill during the start is one more moment to crash in,
+         * and anything but SIGKILL ending the process fails the test below. */
+        const char *env = type == RELAY ? "IDEMQ_TEST_RELAY_KILL_AFTER_CONFIRMS"
+                                        : "IDEMQ_TEST_KILL_AFTER_COMMITS";
+        setenv(env, type == RELAY ? "1" : n, 1);
+        F.daemon = harness_spawn_logged(&F.h, cycle_log);
+        unsetenv(env);
+        int status;
+        if (type == RANDOM) {
+            struct timespec pause = {.tv_nsec = (long)(rand_r(&seed) % 60) * 1000000};
+            nanosleep(&pause, NULL); /* the fault's moment, not a wait for anything */
+            status = wait_end(F.daemon, 0);
+        } else {
+            /* the lease of the last leader lapses within 1 s; then a round, then the kill */
+            status = wait_end(F.daemon, type == RELAY ? 3000 : 1000);
+        }
+        bool by_test = status == -1;
+        if (by_test) {
+            kill(F.daemon, SIGKILL);
+            status = wait_end(F.daemon, 10000);
+        }
+        cr_assert(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+                  "cycle %ld: idemq ended otherwise than by SIGKILL (status %d, log %s)", kills,
+                  status, cycle_log);
+        F.daemon = 0;
+        kills++;
+        cycle_ms[type] += harness_now_ms() - cycle_t0;
+        if (getenv("IDEMQ_TEST_OUTBOX_TRACE"))
+            cr_log_info("cycle %ld: type %d, %lld ms, by test %d, depth %ld, dedup %lld", kills,
+                        (int)type, (long long)(harness_now_ms() - cycle_t0), (int)by_test,
+                        harness_queue_depth(&F.h, F.h.queue),
+                        scalar("SELECT COUNT(*) FROM msg_dedup"));
+        cycles[type]++;
+        if (by_test)
+            test_kills++;
+        else if (harness_log_count_in(cycle_log, RELAY_KILL_LINE) > 0)
+            relay_kills++;
+        else
+            commit_kills++;
+        if (kills % 50 == 0) {
+            char when[48];
+            snprintf(when, sizeof when, "after %ld kills", kills);
+            expect_one_row_per_commit(when);
+        }
+    }
+    int64_t killing_ms = harness_now_ms() - t0;
+    cr_log_info("cycles: commit %ld (%lld ms each), relay %ld (%lld ms), random %ld (%lld ms)",
+                cycles[0], cycles[0] ? (long long)(cycle_ms[0] / cycles[0]) : 0, cycles[1],
+                cycles[1] ? (long long)(cycle_ms[1] / cycles[1]) : 0, cycles[2],
+                cycles[2] ? (long long)(cycle_ms[2] / cycles[2]) : 0);
+    expect_one_row_per_commit("after the last kill");
+
+    /* The rest of the events, and a clean upstream that settles everything. */
+    next = publish_crash_events(next, CRASH_EVENTS);
+    F.daemon = upstream_start(F.h.log_path, NULL, NULL);
+    settled_wait w = {CRASH_APPLIED, CRASH_ILLEGAL + CRASH_MISSING, CRASH_APPLIED};
+    cr_assert(harness_wait_for(relay_settled, &F.h, &w, 120000),
+              "not settled: upstream %lld/%d, pending %lld, downstream %lld, queues %ld/%ld, dlq "
+              "%ld",
+              scalar("SELECT COUNT(*) FROM msg_dedup WHERE handler_name = '" HANDLER_NAME "'"),
+              CRASH_APPLIED, scalar("SELECT COUNT(*) FROM idemq_outbox WHERE state = 0"),
+              scalar("SELECT COUNT(*) FROM msg_dedup WHERE handler_name = 'downstream'"),
+              harness_queue_depth(&F.h, F.h.queue), harness_queue_depth(&F.h, D.queue),
+              harness_queue_depth(&F.h, queue_named(".dlq")));
+    harness_stop_idemq(&F.daemon);
+    harness_stop_idemq(&D.pid);
+    int64_t total_ms = harness_now_ms() - t0;
+
+    expect_one_row_per_commit("at the end");
+    expect_delivered_once(CRASH_APPLIED);
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM orders WHERE order_id LIKE 'c%%' AND order_id NOT "
+                        "LIKE 'ci%%' AND order_id NOT LIKE 'cx%%' AND status = 'PAID'"),
+                 CRASH_APPLIED);
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM downstream WHERE source LIKE 'order_id:ci%%' OR "
+                        "source LIKE 'order_id:cx%%'"),
+                 0, "a downstream message for a dead-lettered event");
+    cr_assert_eq(scalar("SELECT COUNT(*) FROM orders WHERE (order_id LIKE 'ci%%' OR order_id LIKE "
+                        "'cx%%') AND status <> 'PAYING'"),
+                 0);
+    long dead_letters = harness_queue_depth(&F.h, queue_named(".dlq"));
+    json_t *dlq = drain_dlq(false);
+    cr_expect_eq(json_object_size(dlq), CRASH_ILLEGAL + CRASH_MISSING,
+                 "the dead-lettered events by biz_key");
+    expect_dead_letter(dlq, "order_id:cx0:PAY_SUCCESS",
+                       "emit paid: the message has no field 'currency'");
+    json_decref(dlq);
+    long duplicates = harness_log_count_in(D.log, OUT_DEDUPED);
+    cr_log_info("relay crash run: %ld kills in %lld ms (%ld after a commit, %ld between the "
+                "relay's confirm and its mark, %ld at random moments), %d events (%d applied), "
+                "%ld duplicates delivered downstream and deduplicated, %ld dead letters for %d "
+                "events, %lld ms in all",
+                kills, (long long)killing_ms, commit_kills, relay_kills, test_kills, CRASH_EVENTS,
+                CRASH_APPLIED, duplicates, dead_letters, CRASH_ILLEGAL + CRASH_MISSING,
+                (long long)total_ms);
+    cr_assert_geq(kills, target < 100 ? target : 100, "only %ld kills", kills);
+    cr_assert_geq(commit_kills, kills / 4, "the commit window was hit %ld times", commit_kills);
+    cr_assert_geq(relay_kills, 1, "the relay's confirm-to-mark window was never hit");
+    /* Each kill between confirm and mark leaves its round's rows to be published again. */
+    cr_assert_geq(duplicates, relay_kills, "fewer duplicates than relay kills");
+}
+
+/* ------------------------------------------- (g) two instances relaying one outbox, handovers */
+
+#define TWO_EVENTS 6000
+
+/* The pid in the owner ("host:pid:random") of the current lease; 0 when none is current. */
+static pid_t leader_pid(void)
+{
+    MYSQL *db = F.h.db;
+    cr_assert(mysql_query(db, "SELECT owner FROM idemq_outbox_lease WHERE name = 'default' AND "
+                              "expires_at > NOW(6)") == 0,
+              "%s", mysql_error(db));
+    MYSQL_RES *res = mysql_store_result(db);
+    cr_assert(res);
+    MYSQL_ROW row = mysql_fetch_row(res);
+    pid_t pid = 0;
+    if (row && row[0]) {
+        char owner[160];
+        snprintf(owner, sizeof owner, "%s", row[0]);
+        char *last = strrchr(owner, ':');
+        if (last) {
+            *last = '\0';
+            char *before = strrchr(owner, ':');
+            if (before)
+                pid = (pid_t)atol(before + 1);
+        }
+    }
+    mysql_free_result(res);
+    return pid;
+}
+
+typedef struct leader_wait {
+    pid_t not ;
+    pid_t found;
+} leader_wait;
+
+static bool leader_other_than(harness *h, void *arg)
+{
+    (void)h;
+    leader_wait *w = arg;
+    w->found = leader_pid();
+    return w->found > 0 && w->found != w->not ;
+}
+
+/* Waits until a current lease is held by some pid other than not (0: any); returns it. */
+static pid_t wait_leader(pid_t not )
+{
+    leader_wait w = {.not = not };
+    cr_assert(harness_wait_for(leader_other_than, &F.h, &w, DEADLINE_MS),
+              "no relay other than %d took the lease", (int)not );
+    return w.found;
+}
+
+static void publish_two(int from, int to)
+{
+    outbox_batch b = {0};
+    for (int i = from; i < to; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "t%d", i);
+        batch_add(&b, &(event){.order = id, .event = "PAY_SUCCESS", .amount = i});
+    }
+    batch_publish(&b);
+}
+
+/* Which of the two upstream processes pid is: 0 (F.daemon), 1 (second); fails otherwise. */
+static pid_t *instance_of(pid_t pid)
+{
+    cr_assert(pid == F.daemon || pid == second, "the lease owner %d is neither instance (%d, %d)",
+              (int)pid, (int)F.daemon, (int)second);
+    return pid == F.daemon ? &F.daemon : &second;
+}
+
+Test(outbox, two_instances_relay_one_outbox_every_row_published_across_handovers)
+{
+    harness_fixture_init(&F, "outbox_two", NULL);
+    down_setup(2, 32);
+    harness_options o = {.handler_yaml = upstream_handler(), .top_yaml = RELAY_ON};
+    configure(&o, 2, 16);
+    harness_config_replace_line(&F.h, "log: ", "log: {level: info}");
+    harness_declare_topology(&F.h);
+    harness_insert_orders(&F.h, "t", TWO_EVENTS, "PAYING");
+    char logs[2][400];
+    snprintf(logs[0], sizeof logs[0], "%s", F.h.log_path);
+    snprintf(logs[1], sizeof logs[1], "%s/second.log", F.h.dir);
+    down_start();
+    F.daemon = upstream_start(logs[0], NULL, NULL);
+    second = upstream_start(logs[1], NULL, NULL);
+    int64_t t0 = harness_now_ms();
+
+    /* The events arrive in chunks while both consume; two handovers in the middle of the
+     * stream: at a third, the leader stopped with SIGTERM (it releases the lease: the standby
+     * takes over at once); at two thirds, the leader killed with kill -9 (the standby takes
+     * over once the lease lapses). Each is started again and the stream goes on. */
+    pid_t first_leader = 0, killed_leader = 0;
+    long long pending_at[2] = {0};
+    for (int sent = 0; sent < TWO_EVENTS; sent += 100) {
+        publish_two(sent, sent + 100);
+        int step = sent + 100 == TWO_EVENTS / 3 ? 0 : sent + 100 == 2 * TWO_EVENTS / 3 ? 1 : -1;
+        if (step < 0)
+            continue;
+        pid_t leader = wait_leader(0);
+        pid_t *slot = instance_of(leader);
+        const char *log = slot == &F.daemon ? logs[0] : logs[1];
+        pending_at[step] = scalar("SELECT COUNT(*) FROM idemq_outbox WHERE state = 0");
+        int64_t at = harness_now_ms();
+        if (step == 0) {
+            first_leader = leader;
+            cr_assert_eq(harness_stop(leader, SIGTERM, 30000), 0, "the graceful stop failed");
+        } else {
+            killed_leader = leader;
+            kill(leader, SIGKILL);
+            cr_assert_eq(harness_stop(leader, SIGKILL, 10000), 128 + SIGKILL);
+        }
+        *slot = 0;
+        pid_t next = wait_leader(leader);
+        cr_log_info("two instances: %s to leader %d (%lld rows pending), %d took over in %lld ms",
+                    step == 0 ? "SIGTERM" : "kill -9", (int)leader, pending_at[step], (int)next,
+                    (long long)(harness_now_ms() - at));
+        *slot = upstream_start(log, NULL, NULL);
+    }
+    settled_wait w = {TWO_EVENTS, 0, TWO_EVENTS};
+    cr_assert(harness_wait_for(relay_settled, &F.h, &w, 120000),
+              "not settled: upstream %lld, pending %lld, downstream %lld",
+              scalar("SELECT COUNT(*) FROM msg_dedup WHERE handler_name = '" HANDLER_NAME "'"),
+              scalar("SELECT COUNT(*) FROM idemq_outbox WHERE state = 0"),
+              scalar("SELECT COUNT(*) FROM msg_dedup WHERE handler_name = 'downstream'"));
+    int64_t took = harness_now_ms() - t0;
+    harness_stop_idemq(&F.daemon);
+    harness_stop_idemq(&second);
+    harness_stop_idemq(&D.pid);
+
+    expect_delivered_once(TWO_EVENTS);
+    long processed[2], acquired[2], released[2];
+    for (int i = 0; i < 2; i++) {
+        processed[i] = harness_log_count_in(logs[i], OUT_PROCESSED);
+        acquired[i] = harness_log_count_in(logs[i], "leader lease acquired");
+        released[i] = harness_log_count_in(logs[i], "leader lease released");
+    }
+    cr_expect(processed[0] > 0 && processed[1] > 0,
+              "both instances consumed the work queue (%ld, %ld)", processed[0], processed[1]);
+    cr_expect_geq(acquired[0] + acquired[1], 3, "the lease changed hands twice");
+    cr_expect_geq(released[0] + released[1], 1, "the graceful stop released the lease");
+    cr_expect_neq(first_leader, 0);
+    cr_expect_neq(killed_leader, 0);
+    long duplicates = harness_log_count_in(D.log, OUT_DEDUPED);
+    cr_log_info("two instances: %d events in %lld ms, processed %ld + %ld, lease acquired %ld + "
+                "%ld times, %ld duplicates delivered downstream (deduplicated)",
+                TWO_EVENTS, (long long)took, processed[0], processed[1], acquired[0], acquired[1],
+                duplicates);
 }
