@@ -1533,6 +1533,9 @@ Test(config, shipped_handlers_example_loads)
                      "INSERT INTO ledger (biz_key, account, amount) VALUES (?, ?, ?)");
     cr_assert_eq(plugin->type, CONFIG_HANDLER_PLUGIN);
     cr_assert_str_eq(plugin->plugin.config_json, "{\"fail_first_n\":0}");
+    cr_assert_eq(sql->sql.emit_count, 1);
+    cr_assert_str_eq(sql->sql.emits[0].routing_key, "ledger");
+    cr_assert_eq(sql->sql.emits[0].field_count, 3);
     result_free(&r);
 }
 
