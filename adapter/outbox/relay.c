@@ -281,14 +281,17 @@ static bool run_round(outbox_relay *r)
     size_t count = 0;
     bool again = false;
     r->scan_wanted = false;
+    int64_t started = now_ms();
     if (relay_db_fetch(r->db, r->batch, &rows, &count, err, sizeof err) != 0) {
         db_down(r, err);
         return false;
     }
     if (count == 0)
         return false;
+    int64_t fetched = now_ms();
     int rc = relay_broker_publish(&r->broker, rows, count, CONFIRM_TIMEOUT_MS, round_tick, r, err,
                                   sizeof err);
+    int64_t confirmed = now_ms();
     bool broker_failed = rc != 0;
     size_t unknown = 0, nacked = 0;
     for (size_t i = 0; i < count; i++) {
@@ -306,6 +309,11 @@ static bool run_round(outbox_relay *r)
     int mark_rc =
         r->db ? relay_db_mark(r->db, rows, count, r->retention_ms == 0, &done, err, sizeof err)
               : -1;
+    if (log_enabled(LOG_LEVEL_DEBUG))
+        log_debug(LOG_NO_CONTEXT,
+                  "outbox relay: round of %zu row(s): fetch %" PRId64 " ms, publish and confirms "
+                  "%" PRId64 " ms, mark %" PRId64 " ms",
+                  count, fetched - started, confirmed - fetched, now_ms() - confirmed);
     for (size_t i = 0; i < count; i++) {
         if (rows[i].outcome == RELAY_ROW_UNROUTABLE)
             log_warn(LOG_NO_CONTEXT,

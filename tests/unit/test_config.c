@@ -1533,6 +1533,9 @@ Test(config, shipped_handlers_example_loads)
                      "INSERT INTO ledger (biz_key, account, amount) VALUES (?, ?, ?)");
     cr_assert_eq(plugin->type, CONFIG_HANDLER_PLUGIN);
     cr_assert_str_eq(plugin->plugin.config_json, "{\"fail_first_n\":0}");
+    cr_assert_eq(sql->sql.emit_count, 1);
+    cr_assert_str_eq(sql->sql.emits[0].routing_key, "ledger");
+    cr_assert_eq(sql->sql.emits[0].field_count, 3);
     result_free(&r);
 }
 
@@ -2237,4 +2240,144 @@ Test(config, batch_and_linger_ranges)
         }
         result_free(&r);
     }
+}
+
+/* A state machine whose transitions are `transitions` (the lines under it, at 8 spaces). */
+static result load_transitions(const char *top, const char *transitions)
+{
+    char text[4096];
+    snprintf(text, sizeof text,
+             "amqp: {url: \"amqp://h\"}\n"
+             "mysql: {url: \"mysql://h/db\"}\n"
+             "%s\n"
+             "consumers:\n"
+             "  - queue: payments\n"
+             "    handler_name: pay-callback\n"
+             "    handler:\n"
+             "      type: state_machine\n"
+             "      table: orders\n"
+             "      key_column: order_id\n"
+             "      key_field: order_id\n"
+             "      state_column: status\n"
+             "      event_field: event_type\n"
+             "      transitions:\n"
+             "%s",
+             top ? top : "", transitions);
+    return load_text(text);
+}
+
+Test(config, emit_under_a_transition_loads_every_shape)
+{
+    result r = load_transitions("outbox: {lease: 5s, retention: 0}",
+                                "        PAY_SUCCESS:\n"
+                                "          from: PAYING\n"
+                                "          to: PAID\n"
+                                "          emit:\n"
+                                "            - name: order-paid\n"
+                                "              exchange: orders.events\n"
+                                "              routing_key: order.paid\n"
+                                "              content_type: msgpack\n"
+                                "              fields:\n"
+                                "                order_id: order_id\n"
+                                "                amount: payment.amount\n"
+                                "                kind: {value: ORDER_PAID}\n"
+                                "                n: {value: 3}\n"
+                                "                tags: {value: [a, 1]}\n"
+                                "        REFUND: {from: PAID, to: REFUNDED, emit: {name: r, "
+                                "routing_key: q, fields: {o: order_id}}}\n"
+                                "        SHIP: {from: PAID, to: SHIPPED}\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    const config_consumer *c = &r.cfg->consumers[0];
+    const config_transition *pay = &c->handler.state_machine.transitions[0];
+    cr_assert_eq(pay->emit_count, 1);
+    const config_emit *e = &pay->emits[0];
+    cr_expect_str_eq(e->name, "order-paid");
+    cr_expect_str_eq(e->exchange, "orders.events");
+    cr_expect_str_eq(e->routing_key, "order.paid");
+    cr_expect_eq(e->format, CONFIG_EMIT_MSGPACK);
+    cr_assert_eq(e->field_count, 5);
+    cr_expect_str_eq(e->fields[1].name, "amount");
+    cr_expect_str_eq(e->fields[1].from, "payment.amount");
+    cr_expect_null(e->fields[1].value);
+    cr_expect_null(e->fields[2].from);
+    cr_expect(json_is_string(e->fields[2].value) &&
+              !strcmp(json_string_value(e->fields[2].value), "ORDER_PAID"));
+    cr_expect(json_is_integer(e->fields[3].value) && json_integer_value(e->fields[3].value) == 3);
+    cr_expect(json_is_array(e->fields[4].value) && json_array_size(e->fields[4].value) == 2);
+    /* One mapping is a list of one; no exchange is the default exchange; json is the default. */
+    const config_transition *refund = &c->handler.state_machine.transitions[1];
+    cr_assert_eq(refund->emit_count, 1);
+    cr_expect_null(refund->emits[0].exchange);
+    cr_expect_eq(refund->emits[0].format, CONFIG_EMIT_JSON);
+    cr_expect_eq(c->handler.state_machine.transitions[2].emit_count, 0);
+    cr_expect(c->may_emit);
+    cr_expect(r.cfg->outbox_needed);
+    cr_expect_eq(r.cfg->outbox.relay, 1);
+    cr_expect_eq(r.cfg->outbox.batch, 2048u);
+    cr_expect_eq(r.cfg->outbox.lease_ms, 5000u);
+    cr_expect_eq(r.cfg->outbox.retention_ms, 0u);
+    cr_expect_eq(r.cfg->outbox.poll_interval_ms, 1000u);
+    cr_expect_eq(r.cfg->outbox.stuck_after_ms, 60000u);
+    result_free(&r);
+
+    r = load_transitions(NULL, "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_expect(!r.cfg->consumers[0].may_emit, "no emit: the relay need not run");
+    cr_expect(!r.cfg->outbox_needed);
+    result_free(&r);
+}
+
+Test(config, bad_emits_are_reported_at_their_line)
+{
+    result r = load_transitions("outbox: {batch: 0}",
+                                "        PAY_SUCCESS:\n"
+                                "          from: PAYING\n"
+                                "          to: PAID\n"
+                                "          emit:\n"
+                                "            - name: e\n"
+                                "              routing_key: q\n"
+                                "              fields: {biz_key: order_id}\n"
+                                "            - name: e\n"
+                                "              routing_key: q\n"
+                                "              fields: {a: {value: 1, other: 2}}\n"
+                                "            - name: \"bad name\"\n"
+                                "              content_type: xml\n"
+                                "              fields: {}\n"
+                                "            - name: f\n"
+                                "              routing_key: q\n"
+                                "              fields: {a: x..y}\n");
+    const char *path = "consumers[0].handler.transitions.PAY_SUCCESS.emit";
+    char want[256];
+    cr_assert(r.rc < 0, "errors:\n%s", r.errs);
+    assert_error(r, 3, "outbox.batch");
+    snprintf(want, sizeof want, "%s[0].fields.biz_key: idemq sets the outgoing biz_key itself",
+             path);
+    assert_error(r, 21, want);
+    assert_error(r, 24, "a constant is written {value: CONSTANT}, with no other key");
+    snprintf(want, sizeof want, "%s[1]: emit name 'e' is used twice in this list", path);
+    assert_error(r, 22, want);
+    assert_error(r, 25, "emit name 'bad name' may only use A-Z a-z 0-9 _ - .");
+    assert_error(r, 26, "'xml' is not one of: json, msgpack");
+    assert_error(r, 27, "list 1 to 256 fields, got 0");
+    assert_error(r, 25, "missing required key");
+    assert_error(r, 30, "field path 'x..y' has an empty segment");
+    result_free(&r);
+}
+
+Test(config, sql_handler_emit_and_plugin_may_emit)
+{
+    result r = load_text("amqp: {url: \"amqp://h\"}\n"
+                         "mysql: {url: \"mysql://h/db\"}\n"
+                         "consumers:\n"
+                         "  - queue: transfers\n"
+                         "    handler_name: transfer\n"
+                         "    handler:\n"
+                         "      type: sql\n"
+                         "      statements: [\"UPDATE a SET b = :b\"]\n"
+                         "      emit: [{name: booked, routing_key: booked, fields: {b: b}}]\n");
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->consumers[0].handler.sql.emit_count, 1);
+    cr_expect_str_eq(r.cfg->consumers[0].handler.sql.emits[0].fields[0].from, "b");
+    cr_expect(r.cfg->outbox_needed);
+    result_free(&r);
 }
