@@ -24,6 +24,12 @@
  * trips (a batch of 32 messages, one emit each: one). */
 #define INSERT_CLASSES 12
 #define INSERT_ROWS_MAX ((size_t)1 << (INSERT_CLASSES - 1))
+/* ... and no more rows than fit this many bytes of parameters (a row larger than that goes
+ * alone): the statement travels in one packet, and one beyond the server's max_allowed_packet
+ * (MySQL 5.7's default is 4 MiB, MariaDB's 16 MiB) makes the server drop the connection. A
+ * batch of large emits (bodies near amqp.max_body) would otherwise never insert. */
+#define INSERT_BYTES_MAX ((size_t)2 * 1024 * 1024)
+#define INSERT_PARAM_OVERHEAD 9 /* a parameter's length prefix, at most */
 
 static const char insert_head[] =
     "INSERT INTO idemq_outbox (source_biz_key, handler_name, emit_name, biz_key, exchange, "
@@ -433,6 +439,14 @@ static int insert_statement(outbox_writer *w, MYSQL *db, size_t k, MYSQL_STMT **
     return 0;
 }
 
+static size_t row_bytes(const outbox_row *row)
+{
+    size_t n = 0;
+    for (size_t p = 0; p < INSERT_PARAMS; p++)
+        n += row->parts[p].len + INSERT_PARAM_OVERHEAD;
+    return n;
+}
+
 int outbox_writer_flush(outbox_writer *w, MYSQL *db, size_t *inserted, db_error *error)
 {
     size_t done = 0, live = 0;
@@ -444,15 +458,26 @@ int outbox_writer_flush(outbox_writer *w, MYSQL *db, size_t *inserted, db_error 
     for (size_t i = 0; i < w->count; i++)
         if (!w->rows[i].dropped)
             w->rows[live++] = w->rows[i];
-    if (live > 0 && !w->binds) {
+    if (live > 0 && (!w->binds || !w->slots)) {
+        free(w->binds);
+        free(w->slots);
         w->binds = calloc(INSERT_PARAMS * INSERT_ROWS_MAX, sizeof *w->binds);
         w->slots = calloc(INSERT_PARAMS * INSERT_ROWS_MAX, sizeof *w->slots);
         if (!w->binds || !w->slots)
             rc = -ENOMEM;
     }
     while (rc == 0 && done < live) {
-        size_t left = live - done, k = INSERT_CLASSES - 1;
+        size_t left = live - done, k = INSERT_CLASSES - 1, fit = 0, bytes = 0;
         while (((size_t)1 << k) > left)
+            k--;
+        while (fit < ((size_t)1 << k)) {
+            size_t more = row_bytes(&w->rows[done + fit]);
+            if (fit > 0 && bytes + more > INSERT_BYTES_MAX)
+                break;
+            bytes += more;
+            fit++;
+        }
+        while (((size_t)1 << k) > fit)
             k--;
         size_t rows = (size_t)1 << k;
         MYSQL_STMT *stmt;
