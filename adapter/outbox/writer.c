@@ -57,6 +57,7 @@ struct outbox_writer {
     size_t count, rows_cap;
     MYSQL_STMT *insert[INSERT_CLASSES]; /* 2^k rows each; prepared on first use */
     MYSQL_BIND *binds;                  /* INSERT_PARAMS × INSERT_ROWS_MAX, on first flush */
+    unsigned long long packet_max;      /* the server's max_allowed_packet; 0: not read yet */
     db_bind_slot *slots;
 };
 
@@ -100,6 +101,7 @@ void outbox_writer_disconnect(outbox_writer *w)
             mysql_stmt_close(w->insert[k]);
         w->insert[k] = NULL;
     }
+    w->packet_max = 0;
 }
 
 void outbox_writer_free(outbox_writer *w)
@@ -391,6 +393,19 @@ int outbox_writer_add_fields(outbox_writer *w, size_t item, const config_consume
         snprintf(err, err_len, "emit %s: the fields must be a JSON object", name);
         return -1;
     }
+    /* Two messages of one name would derive one outgoing biz_key, and a downstream idemq would
+     * drop the second as a duplicate: configured emits are checked at load, a plugin's here. */
+    for (size_t i = 0; i < w->count; i++) {
+        const outbox_row *row = &w->rows[i];
+        if (!row->dropped && row->item == item && row->parts[2].len == strlen(name) &&
+            !memcmp(w->arena + row->parts[2].off, name, row->parts[2].len)) {
+            snprintf(err, err_len,
+                     "emit %s: this message already emitted one of that name (the name is part "
+                     "of the outgoing biz_key: give each emit of a message its own)",
+                     name);
+            return -1;
+        }
+    }
     body_source src = {.fields = fields, .env = env};
     return add_row(w, item, c, env, name, exchange, routing_key, format, &src, err, err_len);
 }
@@ -447,6 +462,29 @@ static size_t row_bytes(const outbox_row *row)
     return n;
 }
 
+/* The server's max_allowed_packet, read once per connection. A row the server cannot take would
+ * make it drop the connection on every try (an outage that never ends), so the writer refuses
+ * it as the message's own fault instead. */
+static int read_packet_max(outbox_writer *w, MYSQL *db, db_error *error)
+{
+    if (w->packet_max)
+        return 0;
+    if (mysql_query(db, "SELECT @@max_allowed_packet") != 0) {
+        db_error_of_connection(db, error);
+        return -1;
+    }
+    MYSQL_RES *res = mysql_store_result(db);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+    w->packet_max = row && row[0] ? strtoull(row[0], NULL, 10) : 0;
+    if (res)
+        mysql_free_result(res);
+    if (!w->packet_max) {
+        db_error_of_connection(db, error);
+        return -1;
+    }
+    return 0;
+}
+
 int outbox_writer_flush(outbox_writer *w, MYSQL *db, size_t *inserted, db_error *error)
 {
     size_t done = 0, live = 0;
@@ -465,6 +503,20 @@ int outbox_writer_flush(outbox_writer *w, MYSQL *db, size_t *inserted, db_error 
         w->slots = calloc(INSERT_PARAMS * INSERT_ROWS_MAX, sizeof *w->slots);
         if (!w->binds || !w->slots)
             rc = -ENOMEM;
+    }
+    if (rc == 0 && live > 0)
+        rc = read_packet_max(w, db, error);
+    for (size_t i = 0; rc == 0 && i < live; i++) {
+        /* What the statement adds around one row's values stays far below this headroom. */
+        if (row_bytes(&w->rows[i]) + 4096 > w->packet_max) {
+            memset(error, 0, sizeof *error);
+            snprintf(error->sqlstate, sizeof error->sqlstate, "HY000");
+            snprintf(error->message, sizeof error->message,
+                     "an outgoing message of %zu bytes does not fit the server's "
+                     "max_allowed_packet (%llu bytes)",
+                     w->rows[i].parts[7].len, w->packet_max);
+            rc = OUTBOX_E_TOO_LARGE;
+        }
     }
     while (rc == 0 && done < live) {
         size_t left = live - done, k = INSERT_CLASSES - 1, fit = 0, bytes = 0;

@@ -18,7 +18,8 @@
  *
  * Errors: outbox_writer_add* return 0, -1 for the message's own fault (a field it lacks, a body
  * too large: the caller dead-letters that message with the reason in err), or -ENOMEM;
- * outbox_writer_flush returns 0, -ENOMEM, or -1 with the MySQL error in *error.
+ * outbox_writer_flush returns 0, -ENOMEM, OUTBOX_E_TOO_LARGE (the text in error->message), or
+ * -1 with the MySQL error in *error.
  * Thread affinity: the DB worker that owns the writer (one per store session).
  */
 #ifndef IDEMQ_OUTBOX_WRITER_H
@@ -41,6 +42,10 @@
 #define OUTBOX_NAME_MAX 64
 #define OUTBOX_EXCHANGE_MAX 255
 #define OUTBOX_ROUTING_KEY_MAX 255
+
+/* outbox_writer_flush: a row is larger than the server's max_allowed_packet (the message's own
+ * fault: dead-letter it, with *error's message as the reason). */
+#define OUTBOX_E_TOO_LARGE (-2)
 
 /* Content types of the two formats. */
 #define OUTBOX_CONTENT_TYPE_JSON "application/json"
@@ -75,6 +80,7 @@ int outbox_writer_add(outbox_writer *w, size_t item, const config_consumer *c, c
  * err for an empty or overlong name, an overlong exchange or routing key) whose body is the map
  * fields (borrowed, a JSON object; its "biz_key", if any, is replaced) in format.
  */
+/* (A second row of one name for one item is refused too: one name, one outgoing biz_key.) */
 int outbox_writer_add_fields(outbox_writer *w, size_t item, const config_consumer *c,
                              const envelope *env, const char *name, const char *exchange,
                              const char *routing_key, config_emit_format format,

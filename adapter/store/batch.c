@@ -429,13 +429,17 @@ static apply_status run_set_based(store_session *s, store_batch_state *b, store_
         }
         db_error error;
         int rc = outbox_writer_flush(s->outbox, s->db, &b->outbox_rows, &error);
+        if (rc == -ENOMEM || rc == OUTBOX_E_TOO_LARGE) {
+            /* Run alone, each message gets its own answer: the one whose emit is too large is
+             * dead-lettered, the others apply. */
+            snprintf(b->error, sizeof b->error, "outbox insert: %s",
+                     rc == -ENOMEM ? "out of memory" : error.message);
+            b->mysql_errno = 0;
+            return abandon(s, APPLY_RETRYABLE);
+        }
         if (rc != 0) {
-            if (rc == -ENOMEM)
-                snprintf(b->error, sizeof b->error, "outbox insert: out of memory");
-            b->mysql_errno = rc == -ENOMEM ? 0
-                                           : db_error_format(b->error, sizeof b->error,
-                                                             "outbox insert", &error);
-            return abandon(s, rc == -ENOMEM ? APPLY_RETRYABLE : db_error_classify(b->mysql_errno));
+            b->mysql_errno = db_error_format(b->error, sizeof b->error, "outbox insert", &error);
+            return abandon(s, db_error_classify(b->mysql_errno));
         }
     }
     if ((status = delete_failed_rows(s, b, jobs, n, consumer->handler_name)) != APPLY_CONTINUE)

@@ -186,6 +186,11 @@ apply_status store_transaction_write_outbox(store_session *s, store_job *job, si
         job->mysql_errno = 0;
         return APPLY_RETRYABLE;
     }
+    if (rc == OUTBOX_E_TOO_LARGE) {
+        snprintf(job->error, sizeof job->error, "outbox insert: %s", error.message);
+        job->mysql_errno = 0;
+        return APPLY_NON_RETRYABLE;
+    }
     job->mysql_errno = db_error_format(job->error, sizeof job->error, "outbox insert", &error);
     return db_error_classify(job->mysql_errno);
 }

@@ -961,3 +961,61 @@ Test(outbox_writer, rows_whose_bodies_together_exceed_max_allowed_packet_are_all
     free_rows(&got);
     free_emit(&e);
 }
+
+Test(outbox_writer, a_plugin_emitting_one_name_twice_for_one_message_is_refused)
+{
+    decode_incoming(incoming);
+    char err[256] = "";
+    cr_assert_eq(add_fields(0, "posted", "", "q", CONFIG_EMIT_JSON, "{\"a\":1}", err, sizeof err),
+                 0, "%s", err);
+    /* The same name again for the same message would derive the same outgoing biz_key. */
+    cr_assert_eq(add_fields(0, "posted", "", "q", CONFIG_EMIT_JSON, "{\"a\":2}", err, sizeof err),
+                 -1);
+    cr_expect(strstr(err, "emit posted: this message already emitted one of that name"), "%s",
+              err);
+    /* Another message (item) may use it, and so may the first one once its rows were dropped. */
+    cr_assert_eq(add_fields(1, "posted", "", "q", CONFIG_EMIT_JSON, "{\"a\":3}", err, sizeof err),
+                 0, "%s", err);
+    outbox_writer_drop_item(writer, 0);
+    cr_assert_eq(add_fields(0, "posted", "", "q", CONFIG_EMIT_JSON, "{\"a\":4}", err, sizeof err),
+                 0, "%s", err);
+    cr_assert_eq(flush_ok(), 2);
+}
+
+Test(outbox_writer, a_row_over_the_servers_max_allowed_packet_is_refused_not_sent)
+{
+    cr_assert(mysql_query(db, "SELECT @@max_allowed_packet") == 0, "%s", mysql_error(db));
+    MYSQL_RES *res = mysql_store_result(db);
+    cr_assert(res);
+    unsigned long long packet_max = strtoull(mysql_fetch_row(res)[0], NULL, 10);
+    mysql_free_result(res);
+    if (packet_max < 4096 || packet_max - 2048 + 64 > OUTBOX_BODY_MAX)
+        cr_skip_test("max_allowed_packet %llu: no body fits the column but not the packet",
+                     packet_max);
+    /* A body the column takes (under 16 MiB) but the server's packet does not: sending it would
+     * only make the server drop the connection, on every try. */
+    size_t big = (size_t)packet_max - 2048;
+    char *text = malloc(big + 128);
+    cr_assert(text);
+    int n = sprintf(text, "{\"biz_key\":\"big\",\"blob\":\"");
+    memset(text + n, 'b', big);
+    strcpy(text + n + big, "\"}");
+    decode_incoming(text);
+    free(text);
+    const field_spec specs[] = {{"blob", "blob", NULL}};
+    emit_holder h;
+    make_emit(&h, "big", "ex", "rk", CONFIG_EMIT_JSON, specs, 1);
+    char err[256] = "";
+    cr_assert_eq(outbox_writer_add(writer, 0, &consumer, &h.emit, &env, err, sizeof err), 0, "%s",
+                 err);
+    size_t inserted = 99;
+    db_error error = {0};
+    cr_assert_eq(outbox_writer_flush(writer, db, &inserted, &error), OUTBOX_E_TOO_LARGE);
+    cr_expect_eq(inserted, 0);
+    cr_expect(strstr(error.message, "does not fit the server's max_allowed_packet"), "%s",
+              error.message);
+    cr_expect_eq(outbox_writer_pending(writer), 0);
+    /* The connection is still good. */
+    sql_ok("SELECT 1");
+    free_emit(&h);
+}
