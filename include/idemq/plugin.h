@@ -33,7 +33,7 @@
  * the same transaction, published by idemq's relay after the COMMIT, with publisher confirms. It
  * is published only if handle() returns IDEMQ_OK and the transaction commits; its biz_key (and
  * AMQP message_id) is derived from the incoming biz_key, the handler name and the emit's name, so
- * a re-publish is deduplicated downstream. Call it at most once per name per message.
+ * a re-publish is deduplicated downstream. A second emit of one name for one message fails.
  *
  * Threads. idemq calls init() once per consumer, on the main thread, before any message, and
  * free() once, after the last handle() has returned. handle() runs on the DB worker threads —
