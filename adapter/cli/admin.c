@@ -99,22 +99,11 @@ static int check_plugins(const config *cfg)
     return rc;
 }
 
-/* The connection every one-shot command makes: the URL, mysql.password_file and mysql.tls. */
-static MYSQL *connect_database(const config *cfg, char *err, size_t err_len)
-{
-    db_dsn dsn;
-    if (db_dsn_from_config(cfg, &dsn, err, err_len) != 0)
-        return NULL;
-    MYSQL *db = db_connect(&dsn, NULL, err, err_len);
-    explicit_bzero(dsn.password, sizeof dsn.password);
-    return db;
-}
-
 static int check_database(const config *cfg)
 {
     char err[1024], redacted[512], tls[160];
     config_redact_url(cfg->mysql_url, redacted, sizeof redacted);
-    MYSQL *db = connect_database(cfg, err, sizeof err);
+    MYSQL *db = db_connect_config(cfg, err, sizeof err);
     if (!db) {
         fprintf(stderr, "mysql   FAIL %s: %s\n", redacted, err);
         return 1;
@@ -224,7 +213,7 @@ int cli_check(const config *cfg)
 int cli_migrate(const config *cfg)
 {
     char err[1024];
-    MYSQL *db = connect_database(cfg, err, sizeof err);
+    MYSQL *db = db_connect_config(cfg, err, sizeof err);
     if (!db) {
         fprintf(stderr, "idemq migrate: %s\n", err);
         return 1;

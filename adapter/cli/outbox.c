@@ -37,7 +37,6 @@
 #include <time.h>
 
 #include "db/connect.h"
-#include "db/dsn.h"
 
 /* Rows per transaction of retry and purge (and ids per statement of --id). */
 #define CHUNK_ROWS 1000
@@ -133,18 +132,6 @@ static int scalar(MYSQL *db, const char *sql, long long *out)
     *out = row && row[0] ? strtoll(row[0], NULL, 10) : 0;
     mysql_free_result(res);
     return 0;
-}
-
-/* The same connection as check and migrate (cli/admin.c): the URL, mysql.password_file and
- * mysql.tls through db_dsn_from_config. Returned owned, or NULL with a reason in err. */
-static MYSQL *connect_database(const config *cfg, char *err, size_t err_len)
-{
-    db_dsn dsn;
-    if (db_dsn_from_config(cfg, &dsn, err, err_len) != 0)
-        return NULL;
-    MYSQL *db = db_connect(&dsn, NULL, err, err_len);
-    explicit_bzero(dsn.password, sizeof dsn.password);
-    return db;
 }
 
 static const char *state_word(int state, char *buf, size_t len)
@@ -1076,7 +1063,7 @@ int cli_outbox(const config *cfg, const outbox_options *opts)
         return EXIT_USAGE;
     }
     char err[1024];
-    MYSQL *db = connect_database(cfg, err, sizeof err);
+    MYSQL *db = db_connect_config(cfg, err, sizeof err);
     if (!db) {
         fprintf(stderr, "%s: %s\n", cmd, err);
         return 1;

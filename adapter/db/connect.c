@@ -296,3 +296,13 @@ const char *db_describe_tls(MYSQL *db, char *buf, size_t len)
     snprintf(buf, len, "%s, cipher %s", version, cipher);
     return buf;
 }
+
+MYSQL *db_connect_config(const struct config *cfg, char *err, size_t err_len)
+{
+    db_dsn dsn;
+    if (db_dsn_from_config(cfg, &dsn, err, err_len) != 0)
+        return NULL;
+    MYSQL *db = db_connect(&dsn, NULL, err, err_len);
+    explicit_bzero(dsn.password, sizeof dsn.password);
+    return db;
+}

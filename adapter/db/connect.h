@@ -58,6 +58,10 @@ void db_library_init(void);
  */
 MYSQL *db_connect(const db_dsn *dsn, unsigned *error_number, char *err, size_t err_len);
 
+/* db_connect to the database cfg (borrowed) names (db_dsn_from_config: its URL, password file
+ * and mysql.tls), for the one-shot CLI commands; the password copy is wiped before it returns. */
+MYSQL *db_connect_config(const struct config *cfg, char *err, size_t err_len);
+
 /* Per-connection client timeouts in whole seconds (the client library's unit); 0 keeps
  * db_connect's value (connect 5 s, read and write 30 s). Read and write bound each wait for the
  * socket, not a whole statement. */
