@@ -90,8 +90,6 @@ typedef struct downstream {
 static downstream D;
 static pid_t second; /* a second upstream idemq (two_instances) */
 
-static void delete_downstream_queues(void);
-
 static void teardown(void)
 {
     unsetenv("IDEMQ_TEST_KILL_AFTER_COMMITS");
@@ -99,7 +97,7 @@ static void teardown(void)
     harness_kill_idemq(&D.pid);
     harness_kill_idemq(&second);
     if (F.ready && D.declared)
-        delete_downstream_queues();
+        harness_delete_topology(&F.h, D.queue);
     D.declared = false;
     harness_fixture_fini(&F);
 }
@@ -1093,38 +1091,6 @@ static void swap_downstream(void)
     memcpy(c, F.h.config_path, sizeof c);
     memcpy(F.h.config_path, D.config, sizeof c);
     memcpy(D.config, c, sizeof c);
-}
-
-static void delete_object(const char *name, bool exchange)
-{
-    if (exchange)
-        amqp_exchange_delete(F.h.amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0);
-    else
-        amqp_queue_delete(F.h.amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 0);
-    if (amqp_get_rpc_reply(F.h.amqp).reply_type != AMQP_RESPONSE_NORMAL) {
-        broker_reopen_channel(F.h.amqp);
-        amqp_confirm_select(F.h.amqp, BROKER_CHANNEL);
-        amqp_get_rpc_reply(F.h.amqp);
-        F.h.publish_seq = 0;
-    }
-}
-
-static void delete_downstream_queues(void)
-{
-    if (!F.h.amqp)
-        return;
-    char name[200];
-    delete_object(D.queue, false);
-    for (int level = 1; level <= 8; level++) {
-        snprintf(name, sizeof name, "%s.retry.%d", D.queue, level);
-        delete_object(name, false);
-    }
-    snprintf(name, sizeof name, "%s.dlq", D.queue);
-    delete_object(name, false);
-    snprintf(name, sizeof name, "%s.retry", D.queue);
-    delete_object(name, true);
-    snprintf(name, sizeof name, "%s.dlx", D.queue);
-    delete_object(name, true);
 }
 
 static const char downstream_handler[] =

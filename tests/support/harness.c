@@ -201,24 +201,31 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
     return remove(path);
 }
 
+void harness_delete_topology(harness *h, const char *queue)
+{
+    char name[300];
+    if (!h->amqp)
+        return;
+    delete_queue(h, queue);
+    for (int level = 1; level <= 32; level++) {
+        snprintf(name, sizeof name, "%s.retry.%d", queue, level);
+        delete_queue(h, name);
+    }
+    snprintf(name, sizeof name, "%s.dlq", queue);
+    delete_queue(h, name);
+    const char *suffixes[] = {".retry", ".dlx"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s%s", queue, suffixes[i]);
+        amqp_exchange_delete(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0);
+        if (amqp_get_rpc_reply(h->amqp).reply_type != AMQP_RESPONSE_NORMAL)
+            reopen_channel(h);
+    }
+}
+
 void harness_fini(harness *h)
 {
-    char name[160];
     if (h->amqp) {
-        delete_queue(h, h->queue);
-        for (int level = 1; level <= 32; level++) {
-            snprintf(name, sizeof name, "%s.retry.%d", h->queue, level);
-            delete_queue(h, name);
-        }
-        snprintf(name, sizeof name, "%s.dlq", h->queue);
-        delete_queue(h, name);
-        const char *suffixes[] = {".retry", ".dlx"};
-        for (int i = 0; i < 2; i++) {
-            snprintf(name, sizeof name, "%s%s", h->queue, suffixes[i]);
-            amqp_exchange_delete(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0);
-            if (amqp_get_rpc_reply(h->amqp).reply_type != AMQP_RESPONSE_NORMAL)
-                reopen_channel(h);
-        }
+        harness_delete_topology(h, h->queue);
         broker_close(h->amqp);
         h->amqp = NULL;
     }

@@ -200,6 +200,11 @@ int harness_run_cli(harness *h, char **output, const char *const *args);
  * test can load the work queue before starting idemq. Fails the test unless it exits 0. */
 void harness_declare_topology(harness *h);
 
+/* Deletes what idemq declares for the work queue `queue` (borrowed): the queue, its retry
+ * ladder, DLQ and exchanges. harness_fini does it for h->queue; a test that started a second
+ * consumer (a downstream idemq) calls it for that one's queue. */
+void harness_delete_topology(harness *h, const char *queue);
+
 /* The JSON document in CLI output that also holds stderr lines (harness_run_cli merges them):
  * parsed from the first line that starts with '{'. Returns a new reference; fails the test when
  * there is none or it does not parse. output is borrowed. */
