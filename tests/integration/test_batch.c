@@ -385,6 +385,18 @@ Test(batch, a_deadlock_victim_batch_runs_each_message_alone_with_its_own_outcome
     harness_stop_idemq(&F.daemon);
 }
 
+static bool all_ok_processed_logged(harness *h, void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 6; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "order_id:ok%d:PAY_SUCCESS", i);
+        if (harness_log_count_both(h->log_path, key, "\"outcome\":\"processed\"") < 1)
+            return false;
+    }
+    return true;
+}
+
 Test(batch, a_lost_connection_mid_batch_holds_every_message_and_applies_each_once)
 {
     harness_options o = {.workers = 1};
@@ -408,6 +420,9 @@ Test(batch, a_lost_connection_mid_batch_holds_every_message_and_applies_each_onc
 
     cr_assert(harness_wait_scalar(&F.h, 7, DEADLINE_MS,
                                   "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"));
+    /* The rows commit before the loop writes the outcome lines: wait for the lines too. */
+    cr_assert(harness_wait_for(all_ok_processed_logged, &F.h, NULL, DEADLINE_MS),
+              "not every ok message has its processed line");
     for (int i = 0; i < 6; i++) {
         char id[16];
         snprintf(id, sizeof id, "ok%d", i);
