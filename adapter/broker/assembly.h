@@ -12,7 +12,7 @@
 #ifndef IDEMQ_BROKER_ASSEMBLY_H
 #define IDEMQ_BROKER_ASSEMBLY_H
 
-#include <amqp.h>
+#include "broker/amqp_api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -3,7 +3,7 @@
  */
 #include "broker/connection.h"
 
-#include <amqp_tcp_socket.h>
+#include "broker/amqp_api.h"
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@
 #ifndef IDEMQ_BROKER_CONNECTION_H
 #define IDEMQ_BROKER_CONNECTION_H
 
-#include <amqp.h>
+#include "broker/amqp_api.h"
 #include <stddef.h>
 #include <stdint.h>
 

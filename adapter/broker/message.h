@@ -22,7 +22,7 @@
 #ifndef IDEMQ_BROKER_MESSAGE_H
 #define IDEMQ_BROKER_MESSAGE_H
 
-#include <amqp.h>
+#include "broker/amqp_api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -3,7 +3,7 @@
  */
 #include "broker/tls.h"
 
-#include <amqp_ssl_socket.h>
+#include "broker/amqp_api.h"
 #include <arpa/inet.h>
 #include <limits.h>
 #include <netdb.h>

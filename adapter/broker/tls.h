@@ -28,7 +28,7 @@
 #ifndef IDEMQ_BROKER_TLS_H
 #define IDEMQ_BROKER_TLS_H
 
-#include <amqp.h>
+#include "broker/amqp_api.h"
 #include <stdbool.h>
 #include <stddef.h>
 

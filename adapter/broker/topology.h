@@ -22,7 +22,7 @@
 #ifndef IDEMQ_TOPOLOGY_H
 #define IDEMQ_TOPOLOGY_H
 
-#include <amqp.h>
+#include "broker/amqp_api.h"
 #include <stdio.h>
 
 #include "config/config.h"

@@ -18,6 +18,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "db/client.h"
+
 /* Storage one bound parameter points into; lives until the statement has executed. Zero it
  * before its first use. */
 typedef struct db_bind_slot {
@@ -26,7 +28,7 @@ typedef struct db_bind_slot {
     signed char boolean;
     char *owned_text;       /* JSON text of a map/array, freed by db_bind_slot_release */
     unsigned long length;
-    my_bool is_null;
+    db_bool is_null;
 } db_bind_slot;
 
 /* Points bind at len bytes at text (borrowed: must outlive the execution). */

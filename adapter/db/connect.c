@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "db/client.h"
 #include "db/error.h"
 
 /* A plain static flag here was a data race: two threads could both see it unset and run
@@ -62,25 +63,6 @@ static void server_name(const db_dsn *dsn, char *buf, size_t len)
         snprintf(buf, len, "%s:%u", dsn->host, dsn->port);
 }
 
-/* Sets the TLS options of mode on db; ca is the CA file of a verify_* mode. */
-static void apply_tls(MYSQL *db, const db_tls *tls, db_tls_mode mode, const char *ca)
-{
-    my_bool yes = 1, no = 0, verify_name = mode == DB_TLS_VERIFY_IDENTITY;
-    if (mode == DB_TLS_DISABLED) {
-        mysql_optionsv(db, MYSQL_OPT_SSL_ENFORCE, &no);
-        mysql_optionsv(db, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &no);
-        return;
-    }
-    mysql_optionsv(db, MYSQL_OPT_SSL_ENFORCE, &yes);
-    mysql_optionsv(db, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &verify_name);
-    if (ca)
-        mysql_optionsv(db, MYSQL_OPT_SSL_CA, ca);
-    if (tls->cert_file)
-        mysql_optionsv(db, MYSQL_OPT_SSL_CERT, tls->cert_file);
-    if (tls->key_file)
-        mysql_optionsv(db, MYSQL_OPT_SSL_KEY, tls->key_file);
-}
-
 /* mysql_init, options, TLS, mysql_real_connect. Returns the connection, or NULL with db's error
  * copied into *failure (number and text; number 0 when mysql_init failed). */
 static MYSQL *open_connection(const db_dsn *dsn, const db_connect_timeouts *timeouts,
@@ -98,7 +80,11 @@ static MYSQL *open_connection(const db_dsn *dsn, const db_connect_timeouts *time
     mysql_options(db, MYSQL_OPT_READ_TIMEOUT, &read_timeout);
     mysql_options(db, MYSQL_OPT_WRITE_TIMEOUT, &write_timeout);
     mysql_options(db, MYSQL_SET_CHARSET_NAME, "utf8mb4");
-    apply_tls(db, &dsn->tls, mode, ca);
+    db_client_tls tls = {.mode = mode,
+                         .ca_file = ca,
+                         .cert_file = dsn->tls.cert_file,
+                         .key_file = dsn->tls.key_file};
+    db_client_apply_tls(db, &tls);
     const char *host = dsn->socket[0] ? "localhost" : dsn->host;
     if (!mysql_real_connect(db, host, dsn->user[0] ? dsn->user : NULL, dsn->password, dsn->database,
                             dsn->port, dsn->socket[0] ? dsn->socket : NULL, CLIENT_FOUND_ROWS)) {
@@ -266,8 +252,10 @@ MYSQL *db_connect_timed(const db_dsn *dsn, const db_connect_timeouts *timeouts,
     }
     /* A row-lock wait must end as a retryable 1205 before the client's 30 s read timeout turns
      * it into "connection lost" (an outage that pauses every consumer). */
+    /* MySQL refuses LEAST(...)'s DECIMAL for this integer variable (1232 "Incorrect argument
+     * type"); MariaDB takes either. */
     if (mysql_query(db, "SET SESSION innodb_lock_wait_timeout = "
-                        "LEAST(@@innodb_lock_wait_timeout, 20)") != 0) {
+                        "CAST(LEAST(@@innodb_lock_wait_timeout, 20) AS UNSIGNED)") != 0) {
         *error_number = mysql_errno(db);
         snprintf(err, err_len, "cannot set innodb_lock_wait_timeout: %s", mysql_error(db));
         mysql_close(db);

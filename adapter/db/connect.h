@@ -11,7 +11,8 @@
  *     the client's 30 s read timeout turns it into "connection lost".
  * A caller may tighten the session afterwards (the retention job shortens its lock wait).
  *
- * TLS follows dsn->tls.mode (mysql.tls), applied with MariaDB Connector/C 3.3's options:
+ * TLS follows dsn->tls.mode (mysql.tls), through db/client.h (the options differ between MariaDB
+ * Connector/C and libmysqlclient); with Connector/C 3.3 the modes mean:
  *   disabled         MYSQL_OPT_SSL_ENFORCE and MYSQL_OPT_SSL_VERIFY_SERVER_CERT set to 0 and no
  *                    TLS file: 3.3 starts TLS as soon as any TLS option is set, 3.4 verifies by
  *                    default, so "off" is said explicitly;

@@ -42,6 +42,7 @@
 #include <strings.h>
 
 #include "db/bind.h"
+#include "db/client.h"
 #include "db/prepare.h"
 #include "outbox/writer.h"
 
@@ -202,7 +203,7 @@ static apply_status classify_unmatched(handler_call *call, state_machine_stateme
 
     char current[STATE_VALUE_MAX + 1] = {0};
     unsigned long current_len = 0;
-    my_bool current_null = 0;
+    db_bool current_null = 0;
     MYSQL_BIND result = {0};
     result.buffer_type = MYSQL_TYPE_STRING;
     result.buffer = current;
@@ -519,7 +520,7 @@ static apply_status read_rows(handler_call *call, batch_scratch *b, size_t key_c
     long long index = 0;
     char key[KEY_TEXT_MAX + 1], state[STATE_VALUE_MAX + 1];
     unsigned long key_len = 0, state_len = 0;
-    my_bool index_null = 0, key_null = 0, state_null = 0;
+    db_bool index_null = 0, key_null = 0, state_null = 0;
     MYSQL_BIND out[3];
     memset(out, 0, sizeof out);
     out[0].buffer_type = MYSQL_TYPE_LONGLONG, out[0].buffer = &index;

@@ -23,6 +23,7 @@
 #include <uv.h>
 
 #include "config/url.h"
+#include "db/client.h"
 #include "db/connect.h"
 #include "ops/log.h"
 #include "outbox/relay_db.h"
@@ -110,7 +111,7 @@ static bool is_stopping(outbox_relay *r)
 static void publish_fds(outbox_relay *r)
 {
     uv_mutex_lock(&r->lock);
-    r->db_fd = r->db ? (int)mysql_get_socket(r->db) : -1;
+    r->db_fd = r->db ? db_client_socket(r->db) : -1;
     r->amqp_fd = relay_broker_socket(&r->broker);
     r->stats.db_connected = r->db != NULL;
     r->stats.connected = r->broker.conn != NULL;

@@ -19,7 +19,7 @@
 #ifndef IDEMQ_OUTBOX_RELAY_PUBLISH_H
 #define IDEMQ_OUTBOX_RELAY_PUBLISH_H
 
-#include <amqp.h>
+#include "broker/amqp_api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <uv.h>
 
+#include "db/client.h"
 #include "db/connect.h"
 #include "db/error.h"
 
@@ -63,7 +64,7 @@ static bool stopping(db_health *h)
 static void publish_fd(db_health *h, MYSQL *db)
 {
     uv_mutex_lock(&h->lock);
-    h->fd = db ? (int)mysql_get_socket(db) : -1;
+    h->fd = db ? db_client_socket(db) : -1;
     uv_mutex_unlock(&h->lock);
 }
 

@@ -8,21 +8,20 @@
 #ifndef IDEMQ_STORE_SCHEMA_H
 #define IDEMQ_STORE_SCHEMA_H
 
+#include <mysql.h>
 #include <stddef.h>
-
-struct st_mysql;
 
 /* Creates msg_dedup if missing and upgrades an older layout in place (idempotent). Returns 0
  * with what it did in report, or -1 with the reason. */
-int store_migrate(struct st_mysql *db, char *report, size_t report_len);
+int store_migrate(MYSQL *db, char *report, size_t report_len);
 
 /* Whether msg_dedup has the current layout: 0 current, 1 an older one that `idemq migrate`
  * upgrades (report says how it differs), -1 unreadable or missing (report says why). */
-int store_dedup_schema_check(struct st_mysql *db, char *report, size_t report_len);
+int store_dedup_schema_check(MYSQL *db, char *report, size_t report_len);
 
 /* Whether both outbox tables exist: 0, or -1 (missing or unreadable: report says which and to
  * run `idemq migrate`). */
-int store_outbox_schema_check(struct st_mysql *db, char *report, size_t report_len);
+int store_outbox_schema_check(MYSQL *db, char *report, size_t report_len);
 
 /* The DDL store_migrate runs; schemas/mysql/001_msg_dedup.sql holds the same statement, and
  * 003_outbox.sql the two outbox ones. */

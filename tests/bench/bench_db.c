@@ -36,6 +36,7 @@
 #include <time.h>
 #include <uv.h>
 
+#include "db/client.h"
 #include "store/schema.h"
 
 #define MAX_BATCH 1024
@@ -448,6 +449,7 @@ static void returning_insert(worker *wk, int n)
 
 static void bulk(worker *wk, int n)
 {
+#if IDEMQ_DB_CLIENT_IS_MARIADB
     /* Column-wise arrays, one per parameter; a string column is an array of pointers. */
     static __thread char *keys[MAX_BATCH], *orders[MAX_BATCH], *handlers[MAX_BATCH],
         *tos[MAX_BATCH], *froms[MAX_BATCH];
@@ -482,6 +484,10 @@ static void bulk(worker *wk, int n)
     mysql_stmt_attr_set(wk->update_bulk, STMT_ATTR_ARRAY_SIZE, &rows);
     if (mysql_stmt_bind_param(wk->update_bulk, p) || mysql_stmt_execute(wk->update_bulk))
         FAIL_STMT(wk, "bulk update", wk->update_bulk);
+#else
+    (void)wk, (void)n;
+    die("bulk", "array binding (STMT_ATTR_ARRAY_SIZE) is MariaDB Connector/C's");
+#endif
 }
 
 static void apply_batch(worker *wk, int n)

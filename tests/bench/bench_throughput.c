@@ -23,7 +23,7 @@
  * Needs IDEMQ_TEST_AMQP_URL and IDEMQ_TEST_MYSQL_URL (scripts/services start writes them to
  * .state/env); run via scripts/bench. Not a test: it measures, it asserts only correctness.
  */
-#include <amqp.h>
+#include "broker/amqp_api.h"
 #include <mysql.h>
 #include <signal.h>
 #include <stdatomic.h>

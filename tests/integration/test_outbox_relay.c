@@ -34,7 +34,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
-#include <amqp.h>
+#include "broker/amqp_api.h"
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>

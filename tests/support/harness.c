@@ -6,7 +6,7 @@
 #define _XOPEN_SOURCE 700
 #include "harness.h"
 
-#include <amqp_tcp_socket.h>
+#include "broker/amqp_api.h"
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <ctype.h>

@@ -14,7 +14,7 @@
 #ifndef IDEMQ_TEST_HARNESS_H
 #define IDEMQ_TEST_HARNESS_H
 
-#include <amqp.h>
+#include "broker/amqp_api.h"
 #include <mysql.h>
 #include <stdbool.h>
 #include <stddef.h>

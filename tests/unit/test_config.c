@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <amqp.h>
+#include "broker/amqp_api.h"
 
 #include "config/config.h"
 #include "db/dsn.h"

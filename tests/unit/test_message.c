@@ -6,8 +6,7 @@
  * own frame encoder, over a socketpair), the order producer headers are left out in, the
  * idemq-dropped-headers record, MESSAGE_E_TOO_LARGE; and the failure identity's properties.
  */
-#include <amqp.h>
-#include <amqp_tcp_socket.h>
+#include "broker/amqp_api.h"
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdio.h>
