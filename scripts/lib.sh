@@ -7,13 +7,17 @@
 #   IDEMQ_AMQPS_PORT          its TLS listener, 127.0.0.1           (default AMQP port - 1: 5671)
 #   IDEMQ_MYSQL_PORT          MariaDB listener on 127.0.0.1         (default 3306)
 #   IDEMQ_MYSQL_TLS_PORT      the TLS-only MariaDB, 127.0.0.1 and 127.0.0.2 (default 3307)
+#   IDEMQ_MYSQL97_PORT        MySQL 9.7 listener on 127.0.0.1       (default 3316)
+#   IDEMQ_MYSQL97_TLS_PORT    the TLS-only MySQL 9.7, 127.0.0.1 and 127.0.0.2 (default 3317)
+#   IDEMQ_SKIP_MYSQL97=1      scripts/services start|restart|status leave both MySQL 9.7 out
 #   IDEMQ_RABBITMQ_DIST_PORT  Erlang distribution port, 127.0.0.1   (default AMQP port + 20000)
 #   IDEMQ_RABBITMQ_NODE       RabbitMQ node name                    (default rabbit@localhost)
 #   IDEMQ_AMQP4_PORT          AMQP listener of RabbitMQ 4.x         (default 5674)
 #   IDEMQ_RABBITMQ4_DIST_PORT its Erlang distribution port          (default AMQP4 port + 20000)
 #   IDEMQ_RABBITMQ4_EPMD_PORT its own epmd, on 127.0.0.1            (default 4370)
 #   IDEMQ_RABBITMQ4_NODE      its node name                         (default rabbit4@localhost)
-#   IDEMQ_DEBIAN_MIRROR       mirror for its Debian 13 root         (default: apt's, else
+#   IDEMQ_DEBIAN_MIRROR       mirror for its Debian 13 root and for the Debian sid root of
+#                             MySQL 9.7                             (default: apt's, else
 #                                                                    http://deb.debian.org/debian)
 #   IDEMQ_SKIP_BROKER4=1      scripts/services start|restart|status and scripts/test leave it out
 #   IDEMQ_CLUSTER_PORT_BASE   AMQP listener of cluster node 1; nodes 2 and 3 take the next two
@@ -40,6 +44,8 @@ IDEMQ_AMQP_PORT=${IDEMQ_AMQP_PORT:-5672}
 IDEMQ_AMQPS_PORT=${IDEMQ_AMQPS_PORT:-$((IDEMQ_AMQP_PORT - 1))}
 IDEMQ_MYSQL_PORT=${IDEMQ_MYSQL_PORT:-3306}
 IDEMQ_MYSQL_TLS_PORT=${IDEMQ_MYSQL_TLS_PORT:-3307}
+IDEMQ_MYSQL97_PORT=${IDEMQ_MYSQL97_PORT:-3316}
+IDEMQ_MYSQL97_TLS_PORT=${IDEMQ_MYSQL97_TLS_PORT:-3317}
 IDEMQ_RABBITMQ_DIST_PORT=${IDEMQ_RABBITMQ_DIST_PORT:-$((IDEMQ_AMQP_PORT + 20000))}
 IDEMQ_RABBITMQ_NODE=${IDEMQ_RABBITMQ_NODE:-rabbit@localhost}
 IDEMQ_AMQP4_PORT=${IDEMQ_AMQP4_PORT:-5674}
@@ -184,6 +190,9 @@ resolve_server_dir() {
   # stays in $STATE_DIR (physical path: the broker is recognised by its /proc/PID/root).
   R4_ROOT=$(cd "$STATE_DIR" && pwd -P)/rabbitmq4-root
   R4_DONE=$R4_ROOT/.idemq-root-complete
+  # The Debian sid root (MySQL 9.7, RabbitMQ 4.3, libmysqlclient): the same reasoning.
+  SID_ROOT=$(cd "$STATE_DIR" && pwd -P)/sid-root
+  SID_DONE=$SID_ROOT/.idemq-root-complete
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -283,4 +292,32 @@ r4ctl() {
   is_root || die "rabbitmq4: needs root (chroot and mounts)"
   [[ -e $R4_DONE ]] || die "rabbitmq4: no root in $R4_ROOT yet: scripts/services start-rabbitmq4"
   r4_chroot /usr/lib/rabbitmq/bin/rabbitmqctl -n "$IDEMQ_RABBITMQ4_NODE" "$@"
+}
+
+# ---------------------------------------------------------------------------------------------
+# The Debian sid root ($SID_ROOT, built by scripts/services on first use): MySQL 9.7 (the
+# mysql97 servers), RabbitMQ 4.3 and the build tools for a libmysqlclient build of idemq. Its
+# processes run as root in the root (mysqld drops to the root's own mysql user itself), each in
+# a private mount namespace with /proc /sys /dev /dev/pts bound into the root, as for RabbitMQ
+# 4.x above: no bind shows in the host's mount table or outlives the processes.
+sid_env() {
+  SID_ENV=(HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 LC_ALL=C.UTF-8)
+}
+
+# sid_chroot_cmd: SID_CMD=(the command prefix that runs CMD ARGS... inside the sid root, as
+# root, with a clean environment; stdin, stdout and the exit status pass through).
+# sid_chroot CMD ARGS...: run it.
+sid_chroot_cmd() {
+  sid_env
+  # shellcheck disable=SC2016 # expanded by the inner sh
+  SID_CMD=(unshare --mount --propagation private -- /bin/sh -eu -c '
+    r=$1
+    shift
+    for d in proc sys dev dev/pts; do mount --bind "/$d" "$r/$d"; done
+    exec chroot "$r" "$@"' sh "$SID_ROOT"
+    /usr/bin/env -i "${SID_ENV[@]}")
+}
+sid_chroot() {
+  sid_chroot_cmd
+  "${SID_CMD[@]}" "$@"
 }
