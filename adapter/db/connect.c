@@ -230,8 +230,18 @@ MYSQL *db_connect_timed(const db_dsn *dsn, const db_connect_timeouts *timeouts,
                      where);
             return NULL;
         }
-        snprintf(err, err_len, "cannot connect to MySQL at %s/%s: %s (error %u)", where,
-                 dsn->database, failure.message, failure.number);
+        /* A caching_sha2_password login without TLS whose password is not in the server's
+         * cache needs the server's RSA key; db/client.c asks for it, so this is a server that
+         * has none. */
+        bool needs_tls_or_key = strstr(failure.message, "requires secure connection") != NULL;
+        snprintf(err, err_len, "cannot connect to MySQL at %s/%s: %s (error %u)%s", where,
+                 dsn->database, failure.message, failure.number,
+                 needs_tls_or_key
+                     ? "; the account's caching_sha2_password login without TLS needs the "
+                       "server's RSA key and the server offers none: set mysql.tls.mode to "
+                       "preferred or stricter on a server with TLS, or give the server RSA keys "
+                       "(caching_sha2_password_auto_generate_rsa_keys)"
+                     : "");
         return NULL;
     }
     if (tls->mode >= DB_TLS_REQUIRED && !mysql_get_ssl_cipher(db)) {

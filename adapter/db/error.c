@@ -7,6 +7,16 @@
 #include <mysqld_error.h>
 #include <stdio.h>
 
+/* Numbers only one of the servers sends, written out: the number is the server's, while the
+ * header that would name it is the client library's, and each library names only its own
+ * server's (Connector/C lacks 4031, libmysqlclient 1927). Neither clashes with the other
+ * server's use of the number where it matters: MariaDB's 4031 is a CREATE TRIGGER error and
+ * MySQL has no 1927. */
+enum {
+    SERVER_CONNECTION_KILLED = 1927,          /* MariaDB: KILL CONNECTION (a failover tool) */
+    SERVER_CLIENT_INTERACTION_TIMEOUT = 4031, /* MySQL 8.0.24+: disconnected after wait_timeout */
+};
+
 apply_status db_error_classify(unsigned int error_number)
 {
     if (db_error_is_schema(error_number))
@@ -34,9 +44,8 @@ apply_status db_error_classify(unsigned int error_number)
     case CR_COMMANDS_OUT_OF_SYNC:
     case ER_CON_COUNT_ERROR:
     case ER_SERVER_SHUTDOWN:
-#ifdef ER_CONNECTION_KILLED
-    case ER_CONNECTION_KILLED: /* MariaDB only: KILL CONNECTION, e.g. by a failover tool */
-#endif
+    case SERVER_CONNECTION_KILLED:
+    case SERVER_CLIENT_INTERACTION_TIMEOUT:
     case CR_SSL_CONNECTION_ERROR: /* a TLS connection closed or lost (setup: DB_ERROR_TLS_SETUP) */
     case ER_OPTION_PREVENTS_STATEMENT: /* --read-only after a failover */
     case ER_READ_ONLY_MODE:

@@ -2,8 +2,9 @@
  * error — what a MySQL/MariaDB client or server error means, and the one way idemq writes it.
  *
  * Classification maps an error number to an apply status (what it means for the message). It
- * uses the client library's symbolic names (<mysqld_error.h>, <errmsg.h>) because MySQL and
- * MariaDB numbers diverge above ~1900. A db_error is the error copied out of a connection or
+ * uses the symbolic names both client libraries share (<mysqld_error.h>, <errmsg.h>); MySQL and
+ * MariaDB numbers diverge above ~1900, and the few used there are written out in error.c (the
+ * server sends them, whichever library reads them). A db_error is the error copied out of a connection or
  * statement, so the statement can be closed before the error is reported; db_error_format
  * writes every such report as "what: MySQL error N (SQLSTATE): text".
  *
@@ -34,7 +35,8 @@ typedef struct db_error {
  * Maps an error number to what it means for the message:
  *   deadlock, lock wait timeout, interrupted query         → APPLY_RETRYABLE
  *   NULL into NOT NULL, bad value, too long, missing FK row → APPLY_NON_RETRYABLE
- *   connection refused/lost, too many connections, read-only after failover, schema objects
+ *   connection refused/lost/killed/timed out (MySQL's 4031), too many connections, read-only
+ *     after failover (1290 read_only/super_read_only, 1836), schema objects
  *     missing or not permitted                             → APPLY_UNAVAILABLE (pause, don't burn
  *                                                            the retry budget on an operator fix)
  * Unknown errors are retryable: the ladder ends in the DLQ, so nothing is lost either way.

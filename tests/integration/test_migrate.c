@@ -111,8 +111,10 @@ Test(migrate, migrate_upgrades_an_old_handler_name_column_in_place)
     /* The old layout really is the problem: "Orders" collides with "orders". */
     cr_assert_eq(insert_dedup("k1", "Orders"), ER_DUP_ENTRY,
                  "the old VARCHAR column should compare case-insensitively");
-    cr_assert_eq(insert_dedup("k1", "orders "), ER_DUP_ENTRY,
-                 "the old VARCHAR column should ignore trailing spaces");
+    /* MariaDB's utf8mb4_general_ci pads; MySQL 8's default utf8mb4_0900_ai_ci does not. */
+    if (!harness_db_is_mysql(&H))
+        cr_assert_eq(insert_dedup("k1", "orders "), ER_DUP_ENTRY,
+                     "the old VARCHAR column should ignore trailing spaces");
 
     char *out = NULL;
     int rc = run_cli("check", &out);

@@ -35,13 +35,19 @@ static harness_db_guard db_guard = HARNESS_DB_GUARD_INIT;
 static bool read_only_set; /* SET GLOBAL read_only = 1 is in force: teardown undoes it */
 static char db_user[64];   /* a MariaDB account made by the test: teardown drops it */
 
+static long long wait_timeout_before; /* the global wait_timeout a test shortened, or 0 */
+
 static void teardown(void)
 {
     harness_kill_idemq(&daemon_pid);
     harness_db_guard_recover(&H, &db_guard);
+    /* On MySQL, read_only = 0 also turns super_read_only off. */
     if (h_ready && read_only_set)
         harness_sql(&H, "SET GLOBAL read_only = 0");
     read_only_set = false;
+    if (h_ready && wait_timeout_before)
+        harness_sql(&H, "SET GLOBAL wait_timeout = %lld", wait_timeout_before);
+    wait_timeout_before = 0;
     if (h_ready && db_user[0])
         harness_sql(&H, "DROP USER '%s'@'%%'", db_user);
     db_user[0] = '\0';
@@ -91,10 +97,7 @@ Test(outage, mariadb_down_20s_under_load_burns_no_retries, .fini = teardown, .ti
                          .workers = 4, .prefetch = 64};
     harness_init(&H, "outage", &o);
     h_ready = true;
-    /* harness_insert_orders formats into an 8 KiB statement buffer: too small for 500-row
-     * batches. MariaDB's sequence engine makes the rows instead. */
-    harness_sql(&H, "INSERT INTO orders (order_id, status) SELECT CONCAT('o', seq), 'PAYING' "
-                    "FROM seq_0_to_%d", TOTAL - 1);
+    harness_insert_orders(&H, "o", TOTAL, "PAYING");
     /* Keeps transactions in flight when the server goes down (each UPDATE takes >= 5 ms), so
      * the outage hits running transactions, not just an idle pool. */
     harness_sql(&H, "CREATE TRIGGER orders_slow BEFORE UPDATE ON orders FOR EACH ROW "
@@ -192,26 +195,6 @@ Test(outage, mariadb_down_20s_under_load_burns_no_retries, .fini = teardown, .ti
 
 /* ------------------------------------------------------------------------------ read-only */
 
-/* Rewrites the mysql URL's credentials in the generated config. */
-static void use_mysql_login(harness *h, const char *user, const char *password)
-{
-    FILE *f = fopen(h->config_path, "r");
-    cr_assert(f);
-    static char text[16384], out[16400];
-    size_t len = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[len] = '\0';
-    char *url = strstr(text, "mysql://");
-    cr_assert(url);
-    char *at = strchr(url, '@');
-    cr_assert(at);
-    snprintf(out, sizeof out, "%.*smysql://%s:%s%s", (int)(url - text), text, user, password, at);
-    f = fopen(h->config_path, "w");
-    cr_assert(f);
-    fputs(out, f);
-    fclose(f);
-}
-
 /* A server that answers but refuses writes (read_only after a failover) is an outage too: the
  * probe must not resume consumption on it, or consumption flaps between paused and failing. */
 Test(outage, a_read_only_database_keeps_consumption_paused_until_it_accepts_writes,
@@ -225,7 +208,7 @@ Test(outage, a_read_only_database_keeps_consumption_paused_until_it_accepts_writ
     harness_sql(&H, "CREATE USER '%s'@'%%' IDENTIFIED BY 'pw'", user);
     harness_sql(&H, "GRANT SELECT, INSERT, UPDATE, DELETE ON `%s`.* TO '%s'@'%%'", H.database,
                 user);
-    use_mysql_login(&H, user, "pw");
+    harness_config_set_mysql_login(&H, user, "pw");
     harness_insert_orders(&H, "r", 50, "PAYING");
     harness_declare_topology(&H);
 
@@ -254,4 +237,108 @@ Test(outage, a_read_only_database_keeps_consumption_paused_until_it_accepts_writ
     daemon_pid = 0;
     cr_expect_eq(harness_log_count(&H, "\"outcome\":\"dead_lettered\""), 0);
     cr_expect_eq(harness_log_count(&H, "\"outcome\":\"retried\""), 0);
+}
+
+/* MySQL's super_read_only binds every account, SUPER too (read_only lets an account with SUPER
+ * or CONNECTION_ADMIN write, and idemq's often has them): its writes fail with 1290, which is an
+ * outage like read_only's, not a message's failure. MariaDB has no super_read_only. */
+Test(outage, super_read_only_pauses_an_account_that_read_only_would_let_write, .fini = teardown,
+     .timeout = 120)
+{
+    harness_init(&H, "superro", NULL);
+    h_ready = true;
+    if (!harness_db_is_mysql(&H))
+        cr_skip_test("super_read_only is MySQL's (MariaDB 10.11 has none)");
+    harness_insert_orders(&H, "s", 30, "PAYING");
+    harness_declare_topology(&H);
+    read_only_set = true;
+    harness_sql(&H, "SET GLOBAL super_read_only = 1");
+    for (int i = 0; i < 30; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "s%d", i);
+        harness_publish_event(&H, id, "PAY_SUCCESS", i);
+    }
+    daemon_pid = harness_spawn(&H);
+    bool was_paused = harness_wait_log(&H, "pausing consumption", 1, 30000);
+    bool probed = was_paused && harness_wait_log(&H, "database still unavailable (probe", 2, 30000);
+    long pauses = harness_log_count(&H, "pausing consumption");
+    harness_sql(&H, "SET GLOBAL super_read_only = 0");
+    harness_sql(&H, "SET GLOBAL read_only = 0");
+    read_only_set = false;
+    cr_assert(was_paused, "super_read_only did not pause consumption (log: %s)", H.log_path);
+    cr_expect(probed, "fewer than 2 failed probes under super_read_only (log: %s)", H.log_path);
+    cr_expect_eq(pauses, 1, "consumption paused %ld times: a probe resumed on a read-only server",
+                 pauses);
+    cr_assert(harness_wait_scalar(&H, 30, 60000, "SELECT COUNT(*) FROM msg_dedup"));
+    cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), 30);
+    cr_assert_eq(harness_stop(daemon_pid, SIGTERM, 25000), 0);
+    daemon_pid = 0;
+    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"dead_lettered\""), 0);
+    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"retried\""), 0);
+}
+
+static long long connections_of(const char *user)
+{
+    return harness_scalar(&H, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = '%s'",
+                          user);
+}
+
+typedef struct {
+    const char *user;
+    long long below;
+} fewer_connections;
+
+static bool has_fewer_connections(harness *h, void *arg)
+{
+    (void)h;
+    fewer_connections *f = arg;
+    return connections_of(f->user) < f->below;
+}
+
+/* The server closes connections idle past wait_timeout (MySQL 8.0.24+ says so first, with 4031
+ * "disconnected by the server because of inactivity"; MariaDB just closes). A worker finds out
+ * at its next statement: the message it carried is held and applied on a new connection, with no
+ * retry charged and nothing dead-lettered. */
+Test(outage, connections_the_server_closed_for_inactivity_cost_no_retry, .fini = teardown,
+     .timeout = 120)
+{
+    harness_options o = {.workers = 2};
+    harness_init(&H, "idle", &o);
+    h_ready = true;
+    snprintf(db_user, sizeof db_user, "idle_%d", (int)getpid());
+    harness_sql(&H, "CREATE USER '%s'@'%%' IDENTIFIED BY 'pw'", db_user);
+    harness_sql(&H, "GRANT SELECT, INSERT, UPDATE, DELETE ON `%s`.* TO '%s'@'%%'", H.database,
+                db_user);
+    harness_config_set_mysql_login(&H, db_user, "pw");
+    harness_insert_orders(&H, "i", 40, "PAYING");
+    harness_declare_topology(&H);
+    /* Sessions opened from now on (idemq's) time out after 2 s idle; the harness's own keeps
+     * the value it started with. The health monitor's probe every second keeps its own alive. */
+    wait_timeout_before = harness_scalar(&H, "SELECT @@global.wait_timeout");
+    harness_sql(&H, "SET GLOBAL wait_timeout = 2");
+    harness_start_idemq(&H, "consuming with handler", 15000, &daemon_pid);
+    for (int i = 0; i < 20; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "i%d", i);
+        harness_publish_event(&H, id, "PAY_SUCCESS", i);
+    }
+    cr_assert(harness_wait_scalar(&H, 20, 30000, "SELECT COUNT(*) FROM msg_dedup"));
+    fewer_connections f = {.user = db_user, .below = connections_of(db_user)};
+    cr_assert_geq(f.below, 2, "idemq holds %lld connections", f.below);
+    cr_assert(harness_wait_for(has_fewer_connections, &H, &f, 30000),
+              "the server closed none of idemq's %lld idle connections", f.below);
+    for (int i = 20; i < 40; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "i%d", i);
+        harness_publish_event(&H, id, "PAY_SUCCESS", i);
+    }
+    cr_assert(harness_wait_scalar(&H, 40, 30000, "SELECT COUNT(*) FROM msg_dedup"),
+              "the messages after the idle spell were not all applied (log: %s)", H.log_path);
+    cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), 40);
+    cr_assert_eq(harness_stop(daemon_pid, SIGTERM, 25000), 0);
+    daemon_pid = 0;
+    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"retried\""), 0);
+    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"dead_lettered\""), 0);
+    cr_log_info("idle disconnects: %ld pause(s) of consumption",
+                harness_log_count(&H, "pausing consumption"));
 }

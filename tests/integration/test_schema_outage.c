@@ -257,10 +257,7 @@ Test(schema_outage, renamed_table_under_load_applies_everything_once_on_a_quorum
     harness_init(&H, "schema_rename", &o);
     h_ready = true;
     declare_quorum_work_queue();
-    harness_sql(&H,
-                "INSERT INTO orders (order_id, status) SELECT CONCAT('o', seq), 'PAYING' "
-                "FROM seq_0_to_%d",
-                TOTAL - 1);
+    harness_insert_orders(&H, "o", TOTAL, "PAYING");
     /* Each UPDATE takes >= 5 ms, so the rename lands while most of the load is still queued and
      * transactions are in flight. */
     harness_sql(&H, "CREATE TRIGGER orders_slow BEFORE UPDATE ON orders FOR EACH ROW "
@@ -379,10 +376,7 @@ Test(schema_outage, missing_column_pauses_and_a_probe_that_prepares_again_resume
     /* The harness state machine sets `amount`: without the column its UPDATE cannot prepare. */
     harness_init(&H, "schema_column", NULL);
     h_ready = true;
-    harness_sql(&H,
-                "INSERT INTO orders (order_id, status) SELECT CONCAT('o', seq), 'PAYING' "
-                "FROM seq_0_to_%d",
-                SMALL - 1);
+    harness_insert_orders(&H, "o", SMALL, "PAYING");
     harness_sql(&H, "ALTER TABLE orders DROP COLUMN amount");
     harness_start_idemq(&H, "started consuming", 20000, &daemon_pid);
     http_port = harness_http_port(&H, 10000);

@@ -374,6 +374,31 @@ void harness_insert_orders(harness *h, const char *prefix, int count, const char
     }
 }
 
+void harness_config_set_mysql_login(harness *h, const char *user, const char *password)
+{
+    FILE *f = fopen(h->config_path, "r");
+    cr_assert(f, "%s: %s", h->config_path, strerror(errno));
+    static char text[16384], out[16400];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    char *url = strstr(text, "mysql://");
+    cr_assert(url, "no mysql:// URL in %s", h->config_path);
+    char *at = strchr(url, '@');
+    cr_assert(at);
+    snprintf(out, sizeof out, "%.*smysql://%s:%s%s", (int)(url - text), text, user, password, at);
+    f = fopen(h->config_path, "w");
+    cr_assert(f);
+    fputs(out, f);
+    fclose(f);
+}
+
+bool harness_db_is_mysql(harness *h)
+{
+    const char *info = mysql_get_server_info(h->db);
+    return info && !strstr(info, "MariaDB");
+}
+
 MYSQL *harness_db_open(harness *h)
 {
     return connect_database(h->database);

@@ -106,6 +106,14 @@ long long harness_scalar(harness *h, const char *fmt, ...) __attribute__((format
 /* Inserts `count` orders named PREFIX<i> in state `state`. */
 void harness_insert_orders(harness *h, const char *prefix, int count, const char *state);
 
+/* Rewrites the mysql.url of h's config to log in as user with password (both borrowed), the
+ * server and database unchanged: for tests that run idemq under an account of their own. */
+void harness_config_set_mysql_login(harness *h, const char *user, const char *password);
+
+/* True when the harness's server is Oracle's MySQL rather than MariaDB (its VERSION() lacks
+ * "MariaDB"): for the few assertions whose SQL or expectation differs between the two. */
+bool harness_db_is_mysql(harness *h);
+
 /* A second connection to h->database (autocommit on), e.g. to hold a row lock while h->db keeps
  * polling. Returned owned: the caller mysql_close()s it. Fails the test when it cannot connect. */
 MYSQL *harness_db_open(harness *h);
