@@ -203,6 +203,19 @@ MYSQL *db_connect_timed(const db_dsn *dsn, const db_connect_timeouts *timeouts,
         }
     }
     MYSQL *db = open_connection(dsn, timeouts, tls->mode, ca, &failure);
+    if (!db && IDEMQ_DB_CLIENT_IS_MARIADB && tls->mode == DB_TLS_PREFERRED &&
+        failure.number == ER_ACCESS_DENIED_ERROR) {
+        /* Connector/C 3.3 in mode preferred against a MySQL server without TLS falls back to
+         * plaintext but then sends a caching_sha2_password account's password as if the
+         * connection were encrypted, and the server refuses it (1045). With TLS off from the
+         * start it exchanges the password with the server's RSA key instead. A server that
+         * offers TLS, or a wrong password, refuses the second try as well: the first error
+         * stands. */
+        db_error again;
+        db = open_connection(dsn, timeouts, DB_TLS_DISABLED, NULL, &again);
+        if (!db && again.number != ER_ACCESS_DENIED_ERROR)
+            failure = again; /* logged in, then failed further on (e.g. the database's grants) */
+    }
     if (!db) {
         *error_number = failure.number;
         if (failure.number == CR_SSL_CONNECTION_ERROR && tls_setup_failure(failure.message)) {

@@ -294,15 +294,15 @@ Test(batch, a_mixed_batch_without_insert_returning_gives_the_same_outcomes)
     mixed_batch("batch_mixed_mysql", false);
 }
 
-/* The connection (other than the locker's) whose batch's locked read waits for a row lock; 0
- * when there is none yet. INNODB_TRX says LOCK WAIT on MariaDB and MySQL alike (PROCESSLIST's
- * TIME_MS is MariaDB's only); the harness's account has the PROCESS privilege it needs. */
+/* The connection (other than the locker's) running the batch's locked read and waiting for
+ * the locker's row: 0 when there is none yet. PROCESSLIST shows it on MariaDB and MySQL alike,
+ * with TIME in whole seconds (TIME_MS is MariaDB's only); INNODB_TRX listed only the locker on
+ * both while the batch waited. */
 static long long batch_waiting_for_lock(long long locker_id)
 {
     return harness_scalar(&F.h,
-                          "SELECT COALESCE(MAX(trx_mysql_thread_id), 0) FROM "
-                          "information_schema.INNODB_TRX WHERE trx_mysql_thread_id <> %lld AND "
-                          "trx_state = 'LOCK WAIT' AND trx_query LIKE 'SELECT CASE%%'",
+                          "SELECT COALESCE(MAX(ID), 0) FROM information_schema.PROCESSLIST WHERE "
+                          "ID <> %lld AND INFO LIKE 'SELECT CASE%%' AND TIME >= 1",
                           locker_id);
 }
 
