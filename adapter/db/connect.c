@@ -136,7 +136,7 @@ static bool tls_setup_failure(const char *text)
 
 /* The one-line report of a TLS setup failure, by what the library says went wrong. */
 static void describe_tls_failure(const db_dsn *dsn, const char *ca, const char *text,
-                                 const char *where, char *err, size_t err_len)
+                                 bool name_mismatch, const char *where, char *err, size_t err_len)
 {
     const db_tls *tls = &dsn->tls;
     const char *mode = db_tls_mode_name(tls->mode);
@@ -145,13 +145,13 @@ static void describe_tls_failure(const db_dsn *dsn, const char *ca, const char *
     if (tls->cert_file)
         snprintf(client, sizeof client, "; client certificate mysql.tls.cert_file %s, key_file %s",
                  tls->cert_file, tls->key_file ? tls->key_file : "(none)");
-    if (strstr(text, "Validation of SSL server certificate failed"))
+    if (name_mismatch || strstr(text, "Validation of SSL server certificate failed"))
         snprintf(err, err_len,
                  "MySQL at %s: TLS: the server's certificate does not name '%s' (mysql.tls.mode "
                  "%s checks the URL's host against the certificate's subjectAltName; its chain "
                  "is trusted by %s): connect by a name the certificate holds, or reissue it",
                  where, dsn->socket[0] ? "localhost" : dsn->host, mode, trust);
-    else if (strstr(text, "SSL is required, but the server does not support it"))
+    else if (strstr(text, "SSL is required") && strstr(text, "support it"))
         snprintf(err, err_len,
                  "MySQL at %s: TLS: the server does not offer TLS, but mysql.tls.mode is %s: give "
                  "the server ssl_cert and ssl_key, or set mode: preferred",
@@ -166,6 +166,24 @@ static void describe_tls_failure(const db_dsn *dsn, const char *ca, const char *
         snprintf(err, err_len, "MySQL at %s: TLS handshake failed (mysql.tls.mode %s%s%s%s): %s",
                  where, mode, tls->mode >= DB_TLS_VERIFY_CA ? "; CA: " : "",
                  tls->mode >= DB_TLS_VERIFY_CA ? trust : "", client, text);
+}
+
+/* Whether a verify_identity handshake that failed verification did so for the host name alone.
+ * Connector/C says so ("Validation of SSL server certificate failed"); libmysqlclient has
+ * OpenSSL check the name with the chain and reports both as "certificate verify failed", so the
+ * same login is tried once with verify_ca: if that passes, the chain is trusted and the name is
+ * what did not match. */
+static bool chain_trusted_but_name_differs(const db_dsn *dsn, const db_connect_timeouts *timeouts,
+                                           const char *ca, const db_error *failure)
+{
+    if (dsn->tls.mode != DB_TLS_VERIFY_IDENTITY || !strstr(failure->message, "verify failed"))
+        return false;
+    db_error again;
+    MYSQL *probe = open_connection(dsn, timeouts, DB_TLS_VERIFY_CA, ca, &again);
+    if (!probe)
+        return false;
+    mysql_close(probe);
+    return true;
 }
 
 /* MySQL 8's ER_SECURE_TRANSPORT_REQUIRED; not in MariaDB's headers (MariaDB answers 1045). */
@@ -220,7 +238,9 @@ MYSQL *db_connect_timed(const db_dsn *dsn, const db_connect_timeouts *timeouts,
         *error_number = failure.number;
         if (failure.number == CR_SSL_CONNECTION_ERROR && tls_setup_failure(failure.message)) {
             *error_number = DB_ERROR_TLS_SETUP;
-            describe_tls_failure(dsn, ca, failure.message, where, err, err_len);
+            describe_tls_failure(dsn, ca, failure.message,
+                                 chain_trusted_but_name_differs(dsn, timeouts, ca, &failure), where,
+                                 err, err_len);
             return NULL;
         }
         bool insecure_refused = failure.number == MYSQL8_SECURE_TRANSPORT_REQUIRED;
