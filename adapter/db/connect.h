@@ -24,6 +24,8 @@
  *                    verifies the chain whenever a CA is set; the host name is not checked;
  *   verify_identity  the same and VERIFY_SERVER_CERT: the certificate must name the URL's host
  *                    (subjectAltName DNS or IP, X509_check_host / X509_check_ip_asc).
+ *                    libmysqlclient reports a name that does not match like any failed
+ *                    verification; db_connect then tries verify_ca once to tell the two apart.
  * cert_file and key_file (MYSQL_OPT_SSL_CERT/KEY) are sent with every mode but disabled. A TLS
  * setup failure is one line naming the server, the mode, the files and what did not match,
  * with the error number DB_ERROR_TLS_SETUP (db/error.h), including the two mismatches found

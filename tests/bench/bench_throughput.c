@@ -516,10 +516,14 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+static char server_name[128]; /* "MySQL 9.7.4" or "MariaDB 10.11.19-MariaDB-0+deb12u1" */
+
 static int server_has_returning(void)
 {
     MYSQL *db = bench_db_connect(&dsn, NULL);
     const char *info = mysql_get_server_info(db);
+    snprintf(server_name, sizeof server_name, "%s %s",
+             info && strstr(info, "MariaDB") ? "MariaDB" : "MySQL", info ? info : "?");
     int yes = mysql_get_server_version(db) >= 100500 && info && strstr(info, "MariaDB") &&
               !getenv("IDEMQ_TEST_NO_RETURNING");
     mysql_close(db);
@@ -574,10 +578,10 @@ int main(int argc, char **argv)
     bench_shape batched = server_has_returning() ? BENCH_SHAPE_RETURNING : BENCH_SHAPE_SET_BASED;
 
     printf("bench_throughput: %d payment events (%d orders, %d duplicates), %d DB workers, "
-           "prefetch %d, mysql.batch %d; RabbitMQ, MariaDB and the measured process share this "
+           "prefetch %d, mysql.batch %d; RabbitMQ, %s and the measured process share this "
            "machine's %ld cores\n",
            workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
-           batch, sysconf(_SC_NPROCESSORS_ONLN));
+           batch, server_name, sysconf(_SC_NPROCESSORS_ONLN));
     double broker[50], db_one[50], db_batched[50], idemq_one[50], idemq_batched[50],
         idemq_emit[50], shared[50];
     idemq_result last = {0};
