@@ -12,19 +12,30 @@
 #   IDEMQ_SKIP_MYSQL97=1      scripts/services start|restart|status leave both MySQL 9.7 out
 #   IDEMQ_RABBITMQ_DIST_PORT  Erlang distribution port, 127.0.0.1   (default AMQP port + 20000)
 #   IDEMQ_RABBITMQ_NODE       RabbitMQ node name                    (default rabbit@localhost)
-#   IDEMQ_AMQP4_PORT          AMQP listener of RabbitMQ 4.x         (default 5674)
+#   IDEMQ_AMQP4_PORT          AMQP listener of RabbitMQ 4.0         (default 5674)
 #   IDEMQ_RABBITMQ4_DIST_PORT its Erlang distribution port          (default AMQP4 port + 20000)
 #   IDEMQ_RABBITMQ4_EPMD_PORT its own epmd, on 127.0.0.1            (default 4370)
 #   IDEMQ_RABBITMQ4_NODE      its node name                         (default rabbit4@localhost)
 #   IDEMQ_DEBIAN_MIRROR       mirror for its Debian 13 root and for the Debian sid root of
-#                             MySQL 9.7                             (default: apt's, else
+#                             MySQL 9.7 and RabbitMQ 4.3            (default: apt's, else
 #                                                                    http://deb.debian.org/debian)
 #   IDEMQ_SKIP_BROKER4=1      scripts/services start|restart|status and scripts/test leave it out
+#   IDEMQ_AMQP43_PORT         AMQP listener of RabbitMQ 4.3 (sid root) (default 5676)
+#   IDEMQ_AMQPS43_PORT        its TLS listener, 127.0.0.1           (default AMQP43 port + 1: 5677)
+#   IDEMQ_RABBITMQ43_DIST_PORT  its Erlang distribution port        (default AMQP43 port + 20000)
+#   IDEMQ_RABBITMQ43_EPMD_PORT  its own epmd, on 127.0.0.1          (default 4371)
+#   IDEMQ_RABBITMQ43_NODE     its node name                         (default rabbit43@localhost)
+#   IDEMQ_SKIP_BROKER43=1     scripts/services start|restart|status leave it out
 #   IDEMQ_CLUSTER_PORT_BASE   AMQP listener of cluster node 1; nodes 2 and 3 take the next two
 #                             (default 5681: 5681..5683; only `services start-cluster` starts it)
 #   IDEMQ_CLUSTER_DIST_BASE   Erlang distribution port of node 1, then +1, +2 (default port
 #                             base + 20000)
 #   IDEMQ_CLUSTER_NODE_PREFIX cluster node names PREFIX1@localhost..PREFIX3@localhost (default c)
+#   IDEMQ_CLUSTER43_PORT_BASE, IDEMQ_CLUSTER43_DIST_BASE, IDEMQ_CLUSTER43_NODE_PREFIX
+#                             the same for the 3-node RabbitMQ 4.3 cluster (defaults 5691:
+#                             5691..5693, port base + 20000, c43-: c43-1@localhost..; only
+#                             `services start-cluster43` starts it)
+#   IDEMQ_CLUSTER43_EPMD_PORT the epmd its three nodes share, on 127.0.0.1 (default 4372)
 #   IDEMQ_START_TIMEOUT       seconds to wait for a server to be ready (default 120)
 #   IDEMQ_STATE_DIR           state folder                          (default $ROOT/.state)
 # A second, independent set of services on one machine needs distinct ports and node name.
@@ -55,6 +66,15 @@ IDEMQ_RABBITMQ4_NODE=${IDEMQ_RABBITMQ4_NODE:-rabbit4@localhost}
 IDEMQ_CLUSTER_PORT_BASE=${IDEMQ_CLUSTER_PORT_BASE:-5681}
 IDEMQ_CLUSTER_DIST_BASE=${IDEMQ_CLUSTER_DIST_BASE:-$((IDEMQ_CLUSTER_PORT_BASE + 20000))}
 IDEMQ_CLUSTER_NODE_PREFIX=${IDEMQ_CLUSTER_NODE_PREFIX:-c}
+IDEMQ_AMQP43_PORT=${IDEMQ_AMQP43_PORT:-5676}
+IDEMQ_AMQPS43_PORT=${IDEMQ_AMQPS43_PORT:-$((IDEMQ_AMQP43_PORT + 1))}
+IDEMQ_RABBITMQ43_DIST_PORT=${IDEMQ_RABBITMQ43_DIST_PORT:-$((IDEMQ_AMQP43_PORT + 20000))}
+IDEMQ_RABBITMQ43_EPMD_PORT=${IDEMQ_RABBITMQ43_EPMD_PORT:-4371}
+IDEMQ_RABBITMQ43_NODE=${IDEMQ_RABBITMQ43_NODE:-rabbit43@localhost}
+IDEMQ_CLUSTER43_PORT_BASE=${IDEMQ_CLUSTER43_PORT_BASE:-5691}
+IDEMQ_CLUSTER43_DIST_BASE=${IDEMQ_CLUSTER43_DIST_BASE:-$((IDEMQ_CLUSTER43_PORT_BASE + 20000))}
+IDEMQ_CLUSTER43_NODE_PREFIX=${IDEMQ_CLUSTER43_NODE_PREFIX:-c43-}
+IDEMQ_CLUSTER43_EPMD_PORT=${IDEMQ_CLUSTER43_EPMD_PORT:-4372}
 IDEMQ_START_TIMEOUT=${IDEMQ_START_TIMEOUT:-120}
 # epmd (Erlang's port mapper, 4369) is started by the first Erlang node: keep it on loopback.
 export ERL_EPMD_ADDRESS=127.0.0.1
@@ -186,7 +206,7 @@ resolve_server_dir() {
   MARIA_DIR=$SERVER_DIR/mariadb
   MARIA_SOCKET=$MARIA_DIR/sock
   MARIA_CNF=$MARIA_DIR/my.cnf
-  # The RabbitMQ 4.x root: chrooted processes do not need to reach it through its parents, so it
+  # The RabbitMQ 4.0 root: chrooted processes do not need to reach it through its parents, so it
   # stays in $STATE_DIR (physical path: the broker is recognised by its /proc/PID/root).
   R4_ROOT=$(cd "$STATE_DIR" && pwd -P)/rabbitmq4-root
   R4_DONE=$R4_ROOT/.idemq-root-complete
@@ -241,81 +261,115 @@ maria_admin() { mariadb-admin --defaults-file="$MARIA_CNF" --user=root "$@"; }
 maria_sql() { mariadb --defaults-file="$MARIA_CNF" --user=root --batch --skip-column-names "$@"; }
 
 # ---------------------------------------------------------------------------------------------
-# RabbitMQ 4.x: Debian 13's rabbitmq-server in a minimal Debian 13 root ($R4_ROOT, built by
-# scripts/services), run with chroot as that root's own rabbitmq user. Every process in it runs
-# in a private mount namespace (unshare --mount) where /proc /sys /dev /dev/pts are bound into
-# the root: the host's mount table never shows those binds, and the kernel drops them when the
-# last process of the namespace exits, so no bind can outlive the broker and an `rm -rf` of the
-# state folder can never recurse into the host's /dev.
-R4_VAR=/var/lib/rabbitmq # inside the root: HOME (Erlang cookie), mnesia, pid file
-R4_LOG=/var/log/rabbitmq # inside the root
-R4_PID_FILE=$R4_VAR/idemq.pid
-
-r4_env() {
-  R4_ENV=(
-    HOME="$R4_VAR" PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 LC_ALL=C.UTF-8
-    ERL_EPMD_PORT="$IDEMQ_RABBITMQ4_EPMD_PORT" ERL_EPMD_ADDRESS=127.0.0.1
-    ERL_CRASH_DUMP="$R4_LOG/erl_crash.dump"
-    RABBITMQ_NODENAME="$IDEMQ_RABBITMQ4_NODE"
-    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
-    RABBITMQ_NODE_PORT="$IDEMQ_AMQP4_PORT"
-    RABBITMQ_DIST_PORT="$IDEMQ_RABBITMQ4_DIST_PORT"
-    RABBITMQ_CONFIG_FILE=/etc/rabbitmq/rabbitmq.conf
-    RABBITMQ_ENABLED_PLUGINS_FILE=/etc/rabbitmq/enabled_plugins
-    RABBITMQ_MNESIA_BASE="$R4_VAR/mnesia"
-    RABBITMQ_LOG_BASE="$R4_LOG"
-    RABBITMQ_PID_FILE="$R4_PID_FILE"
-    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
-    RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
-  )
-}
-
-# r4_chroot_cmd: R4_CMD=(the command prefix that runs CMD ARGS... inside the root, as its
-# rabbitmq user, with a clean environment). r4_chroot CMD ARGS...: run it.
-r4_chroot_cmd() {
-  r4_env
+# Chroots. chroot_cmd ROOT USERSPEC ENV...: CHROOT_CMD=(the command prefix that runs CMD ARGS...
+# inside ROOT, as USERSPEC (user:group; empty: root), with only the environment ENV...; stdin,
+# stdout and the exit status pass through). Every process in a root runs in a private mount
+# namespace (unshare --mount) where /proc /sys /dev /dev/pts are bound into the root: the host's
+# mount table never shows those binds, and the kernel drops them when the last process of the
+# namespace exits, so no bind can outlive the servers and an `rm -rf` of the state folder can
+# never recurse into the host's /dev.
+chroot_cmd() {
+  local root=$1 spec=$2
+  shift 2
   # shellcheck disable=SC2016 # expanded by the inner sh
-  R4_CMD=(unshare --mount --propagation private -- /bin/sh -eu -c '
-    r=$1
-    shift
+  CHROOT_CMD=(unshare --mount --propagation private -- /bin/sh -eu -c '
+    r=$1 u=$2
+    shift 2
     for d in proc sys dev dev/pts; do mount --bind "/$d" "$r/$d"; done
-    exec chroot --userspec=rabbitmq:rabbitmq "$r" "$@"' sh "$R4_ROOT"
-    /usr/bin/env -i "${R4_ENV[@]}")
-}
-r4_chroot() {
-  r4_chroot_cmd
-  "${R4_CMD[@]}" "$@"
+    exec chroot ${u:+--userspec="$u"} "$r" "$@"' sh "$root" "$spec" /usr/bin/env -i "$@")
 }
 
-# r4ctl ARGS...: rabbitmqctl against the 4.x node.
-r4ctl() {
-  is_root || die "rabbitmq4: needs root (chroot and mounts)"
-  [[ -e $R4_DONE ]] || die "rabbitmq4: no root in $R4_ROOT yet: scripts/services start-rabbitmq4"
-  r4_chroot /usr/lib/rabbitmq/bin/rabbitmqctl -n "$IDEMQ_RABBITMQ4_NODE" "$@"
+# ---------------------------------------------------------------------------------------------
+# RabbitMQ 4.x in a root, run with chroot as that root's own rabbitmq user (scripts/services,
+# "RabbitMQ 4.x"). rb_vars NAME: the settings of broker NAME in RB_* variables; the rb_*
+# functions act on the broker it named last:
+#   rabbitmq4    Debian 13's 4.0.5 in $R4_ROOT, a root of its own: the package's own folders
+#   rabbitmq43   Debian sid's 4.3 in $SID_ROOT, which MySQL 9.7 shares: everything of the broker
+#                in /var/lib/idemq-rabbit43; a TLS listener; every deprecated feature refused
+#   cluster43-N  node N (1..3) of the 4.3 cluster, in /var/lib/idemq-cluster43/nN; its epmd is
+#                shared by the three nodes
+# Paths in RB_ETC RB_VAR RB_LOG are inside the root (the host sees them under $RB_ROOT). Every
+# broker of a root has HOME /var/lib/rabbitmq, whose Erlang cookie the CLI shares. RB_SHARED=1:
+# other servers run in the root (its processes are told apart by ERL_EPMD_PORT, nothing is
+# unmounted there); RB_REFUSE=1: every deprecated feature refused; RB_CLUSTERED=1: a cluster
+# node (the epmd is the cluster's; feature flags are the cluster code's); RB_BUILD: the function
+# that makes the root; RB_SKIP: the variable that leaves the broker out of start.
+RB_HOME=/var/lib/rabbitmq
+
+rb_vars() {
+  RB=$1 RB_LABEL=$1 RB_TLS_PORT="" RB_CLUSTERED=0 RB_REFUSE=1 RB_SHARED=1
+  case $1 in
+    rabbitmq4)
+      RB_ROOT=$R4_ROOT RB_DONE=$R4_DONE RB_BUILD=r4_build_root RB_SKIP=IDEMQ_SKIP_BROKER4
+      RB_NODE=$IDEMQ_RABBITMQ4_NODE RB_PORT=$IDEMQ_AMQP4_PORT RB_DIST=$IDEMQ_RABBITMQ4_DIST_PORT
+      RB_EPMD=$IDEMQ_RABBITMQ4_EPMD_PORT RB_REFUSE=0 RB_SHARED=0
+      RB_ETC=/etc/rabbitmq RB_VAR=/var/lib/rabbitmq RB_LOG=/var/log/rabbitmq
+      RB_PORT_VARS="IDEMQ_AMQP4_PORT=... IDEMQ_RABBITMQ4_DIST_PORT=... IDEMQ_RABBITMQ4_EPMD_PORT=... IDEMQ_RABBITMQ4_NODE=other@localhost"
+      ;;
+    rabbitmq43)
+      RB_ROOT=$SID_ROOT RB_DONE=$SID_DONE RB_BUILD=sid_ensure_root RB_SKIP=IDEMQ_SKIP_BROKER43
+      RB_NODE=$IDEMQ_RABBITMQ43_NODE RB_PORT=$IDEMQ_AMQP43_PORT RB_DIST=$IDEMQ_RABBITMQ43_DIST_PORT
+      RB_EPMD=$IDEMQ_RABBITMQ43_EPMD_PORT RB_TLS_PORT=$IDEMQ_AMQPS43_PORT
+      RB_ETC=/var/lib/idemq-rabbit43 RB_VAR=/var/lib/idemq-rabbit43 RB_LOG=/var/lib/idemq-rabbit43/log
+      RB_PORT_VARS="IDEMQ_AMQP43_PORT=... IDEMQ_AMQPS43_PORT=... IDEMQ_RABBITMQ43_DIST_PORT=... IDEMQ_RABBITMQ43_EPMD_PORT=... IDEMQ_RABBITMQ43_NODE=other@localhost"
+      ;;
+    cluster43-[1-9])
+      local n=${1#cluster43-}
+      RB_LABEL="cluster43 node $n" RB_CLUSTERED=1
+      RB_ROOT=$SID_ROOT RB_DONE=$SID_DONE RB_BUILD=sid_ensure_root RB_SKIP=""
+      RB_NODE=$IDEMQ_CLUSTER43_NODE_PREFIX$n@localhost RB_PORT=$((IDEMQ_CLUSTER43_PORT_BASE + n - 1))
+      RB_DIST=$((IDEMQ_CLUSTER43_DIST_BASE + n - 1)) RB_EPMD=$IDEMQ_CLUSTER43_EPMD_PORT
+      RB_ETC=/var/lib/idemq-cluster43/n$n RB_VAR=/var/lib/idemq-cluster43/n$n RB_LOG=/var/lib/idemq-cluster43/n$n/log
+      RB_PORT_VARS="IDEMQ_CLUSTER43_PORT_BASE=... IDEMQ_CLUSTER43_DIST_BASE=... IDEMQ_CLUSTER43_EPMD_PORT=..."
+      ;;
+    *) die "unknown RabbitMQ broker $1" ;;
+  esac
+  RB_PID_FILE=$RB_VAR/idemq.pid
+}
+
+# rb_chroot_cmd: RB_CMD=(the command prefix that runs CMD ARGS... in the broker's root as its
+# rabbitmq user, with the broker's environment and nothing else). rb_chroot CMD ARGS...: run it.
+rb_chroot_cmd() {
+  chroot_cmd "$RB_ROOT" rabbitmq:rabbitmq \
+    HOME="$RB_HOME" PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 LC_ALL=C.UTF-8 \
+    ERL_EPMD_PORT="$RB_EPMD" ERL_EPMD_ADDRESS=127.0.0.1 ERL_CRASH_DUMP="$RB_LOG/erl_crash.dump" \
+    RABBITMQ_NODENAME="$RB_NODE" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT="$RB_PORT" RABBITMQ_DIST_PORT="$RB_DIST" \
+    RABBITMQ_CONFIG_FILE="$RB_ETC/rabbitmq.conf" RABBITMQ_ENABLED_PLUGINS_FILE="$RB_ETC/enabled_plugins" \
+    RABBITMQ_MNESIA_BASE="$RB_VAR/mnesia" RABBITMQ_LOG_BASE="$RB_LOG" RABBITMQ_PID_FILE="$RB_PID_FILE" \
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" \
+    RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  RB_CMD=("${CHROOT_CMD[@]}")
+}
+rb_chroot() {
+  rb_chroot_cmd
+  "${RB_CMD[@]}" "$@"
+}
+
+# rb_ctl ARGS...: the root's rabbitmqctl against the broker. rb_cli NAME ARGS...: the same for
+# broker NAME, with a clear error when it cannot run (scripts/services rabbitmq4ctl ...).
+rb_ctl() { rb_chroot /usr/lib/rabbitmq/bin/rabbitmqctl -n "$RB_NODE" "$@"; }
+rb_cli() {
+  rb_vars "$1"
+  shift
+  is_root || die "$RB_LABEL: needs root (chroot and mounts)"
+  [[ -e $RB_DONE ]] || die "$RB_LABEL: no root in $RB_ROOT yet: scripts/services start-$RB"
+  rb_ctl "$@"
 }
 
 # ---------------------------------------------------------------------------------------------
 # The Debian sid root ($SID_ROOT, built by scripts/services on first use): MySQL 9.7 (the
-# mysql97 servers), RabbitMQ 4.3 and the build tools for a libmysqlclient build of idemq. Its
-# processes run as root in the root (mysqld drops to the root's own mysql user itself), each in
-# a private mount namespace with /proc /sys /dev /dev/pts bound into the root, as for RabbitMQ
-# 4.x above: no bind shows in the host's mount table or outlives the processes.
+# mysql97 servers), RabbitMQ 4.3 and the build tools for a libmysqlclient build of idemq.
+# sid_chroot_cmd: SID_CMD=(the command prefix that runs CMD ARGS... inside the sid root, as
+# root, with a clean environment; mysqld drops to the root's own mysql user itself).
+# sid_chroot CMD ARGS...: run it.
 sid_env() {
   SID_ENV=(HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 LC_ALL=C.UTF-8)
 }
-
-# sid_chroot_cmd: SID_CMD=(the command prefix that runs CMD ARGS... inside the sid root, as
-# root, with a clean environment; stdin, stdout and the exit status pass through).
-# sid_chroot CMD ARGS...: run it.
 sid_chroot_cmd() {
   sid_env
-  # shellcheck disable=SC2016 # expanded by the inner sh
-  SID_CMD=(unshare --mount --propagation private -- /bin/sh -eu -c '
-    r=$1
-    shift
-    for d in proc sys dev dev/pts; do mount --bind "/$d" "$r/$d"; done
-    exec chroot "$r" "$@"' sh "$SID_ROOT"
-    /usr/bin/env -i "${SID_ENV[@]}")
+  chroot_cmd "$SID_ROOT" "" "${SID_ENV[@]}"
+  SID_CMD=("${CHROOT_CMD[@]}")
 }
 sid_chroot() {
   sid_chroot_cmd

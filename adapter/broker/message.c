@@ -193,11 +193,21 @@ void message_trace_read(const amqp_basic_properties_t *props, message_trace *out
         copy_trace_id(out->traceparent, traceparent);
 }
 
+bool message_header_counts_deliveries(amqp_bytes_t key)
+{
+    static const char *const names[] = {"x-delivery-count", "x-acquired-count"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (key.len == strlen(names[i]) && memcmp(key.bytes, names[i], key.len) == 0)
+            return true;
+    return false;
+}
+
 /* Headers a copy or a replay does not take over from the message it is made from. */
 static bool header_is_replaced(amqp_bytes_t key)
 {
-    static const char *const prefixes[] = {"x-death", "x-first-death-", "x-last-death-",
-                                           "x-delivery-count", "idemq-"};
+    static const char *const prefixes[] = {"x-death", "x-first-death-", "x-last-death-", "idemq-"};
+    if (message_header_counts_deliveries(key))
+        return true;
     for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
         size_t n = strlen(prefixes[i]);
         if (key.len >= n && memcmp(key.bytes, prefixes[i], n) == 0)

@@ -109,6 +109,11 @@ int message_properties_clone(const amqp_basic_properties_t *src, amqp_pool_t *po
 /* Integer header value of any AMQP integer type; returns false when absent or not an integer. */
 bool message_header_int(const amqp_basic_properties_t *props, const char *name, int64_t *out);
 
+/* True for the headers a broker adds to a delivery to count its attempts: x-delivery-count
+ * (quorum queues) and, since RabbitMQ 4.3, x-acquired-count. They describe one delivery, not the
+ * message: no copy or kept dead letter takes them over. */
+bool message_header_counts_deliveries(amqp_bytes_t key);
+
 /* String header value (borrowed bytes); returns false when absent or not a string. */
 bool message_header_bytes(const amqp_basic_properties_t *props, const char *name,
                           amqp_bytes_t *out);

@@ -366,7 +366,7 @@ static size_t add_entry(pass *p, const visit *v)
 }
 
 /* The copy that keeps a dead letter: its own properties and headers, without the broker's
- * x-delivery-count. user_id moves to the idemq-original-user-id header, as on idemq's DLQ
+ * delivery counts (x-delivery-count, 4.3's x-acquired-count). user_id moves to the idemq-original-user-id header, as on idemq's DLQ
  * copies: RabbitMQ refuses a user_id that is not the publishing login. */
 static int keep_properties(const amqp_basic_properties_t *in, amqp_pool_t *pool,
                            amqp_basic_properties_t *out)
@@ -383,8 +383,7 @@ static int keep_properties(const amqp_basic_properties_t *in, amqp_pool_t *pool,
     bool has_user_header = false;
     for (int i = 0; i < count; i++) {
         amqp_bytes_t key = in->headers.entries[i].key;
-        if (key.len == strlen("x-delivery-count") &&
-            memcmp(key.bytes, "x-delivery-count", key.len) == 0)
+        if (message_header_counts_deliveries(key))
             continue;
         if (key.len == strlen(HEADER_ORIGINAL_USER_ID) &&
             memcmp(key.bytes, HEADER_ORIGINAL_USER_ID, key.len) == 0)

@@ -206,11 +206,13 @@ static const char *declare_exchange(const char *suffix)
     return name;
 }
 
-/* A queue, bound to exchange with key unless exchange is NULL. */
+/* A durable queue (RabbitMQ 4.3 refuses transient non-exclusive ones once that deprecated
+ * feature is not permitted, as scripts/services runs it), bound to exchange with key unless
+ * exchange is NULL; the teardown deletes it. */
 static const char *declare_queue(const char *suffix, const char *exchange, const char *key)
 {
     const char *name = track(suffix, true);
-    amqp_queue_declare(F.h.amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 0, 0, 0,
+    amqp_queue_declare(F.h.amqp, BROKER_CHANNEL, amqp_cstring_bytes(name), 0, 1, 0, 0,
                        amqp_empty_table);
     check_reply("queue.declare");
     if (exchange) {
@@ -898,7 +900,7 @@ Test(outbox_relay, nacked_rows_stay_pending_and_go_out_in_order_once_there_is_ro
          .value = {.kind = AMQP_FIELD_KIND_UTF8,
                    .value.bytes = amqp_cstring_bytes("reject-publish")}},
     };
-    amqp_queue_declare(F.h.amqp, BROKER_CHANNEL, amqp_cstring_bytes(q), 0, 0, 0, 0,
+    amqp_queue_declare(F.h.amqp, BROKER_CHANNEL, amqp_cstring_bytes(q), 0, 1, 0, 0,
                        (amqp_table_t){.num_entries = 2, .entries = args});
     check_reply("queue.declare");
     long long first = insert_row("", q, "emit-nack-0", "application/json", "{}");

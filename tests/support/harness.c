@@ -652,6 +652,24 @@ void harness_wait_quorum_ready(harness *h, int timeout_ms)
     }
 }
 
+int harness_broker_version(harness *h)
+{
+    const amqp_table_t *props = amqp_get_server_properties(h->amqp);
+    for (int i = 0; props && i < props->num_entries; i++) {
+        const amqp_table_entry_t *e = &props->entries[i];
+        if (e->key.len == 7 && memcmp(e->key.bytes, "version", 7) == 0 &&
+            e->value.kind == AMQP_FIELD_KIND_UTF8) {
+            char text[32];
+            int major = 0, minor = 0;
+            snprintf(text, sizeof text, "%.*s", (int)e->value.value.bytes.len,
+                     (const char *)e->value.value.bytes.bytes);
+            if (sscanf(text, "%d.%d", &major, &minor) >= 1)
+                return major * 100 + minor;
+        }
+    }
+    return 0;
+}
+
 int harness_broker_major(harness *h)
 {
     const amqp_table_t *props = amqp_get_server_properties(h->amqp);

@@ -175,6 +175,9 @@ void harness_wait_quorum_ready(harness *h, int timeout_ms);
  * version is at least that: a suite meant for 4.x must not skip its 4.x tests silently. */
 int harness_broker_major(harness *h);
 
+/* The broker's major * 100 + minor version from its server properties (403 for 4.3.6). */
+int harness_broker_version(harness *h);
+
 /* ---------------------------------------------------------------------------- the idemq process */
 
 /* Starts the real idemq binary: `idemq run -c h->config_path`, stderr+stdout to h->log_path
