@@ -195,6 +195,45 @@ Test(outage, mariadb_down_20s_under_load_burns_no_retries, .fini = teardown, .ti
 
 /* ------------------------------------------------------------------------------ read-only */
 
+/* With the server's global `variable` (read_only or super_read_only) on, `events` events for
+ * orders PREFIX0.. pause consumption, and `probes` probes in a row fail without resuming it;
+ * once writes are allowed again every event is applied once, none retried or dead-lettered.
+ * Setting read_only off turns super_read_only off too (MySQL). */
+static void expect_paused_while_read_only(const char *prefix, int events, const char *variable,
+                                          long probes)
+{
+    harness_insert_orders(&H, prefix, events, "PAYING");
+    harness_declare_topology(&H);
+    read_only_set = true;
+    harness_sql(&H, "SET GLOBAL %s = 1", variable);
+    for (int i = 0; i < events; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "%s%d", prefix, i);
+        harness_publish_event(&H, id, "PAY_SUCCESS", i);
+    }
+    daemon_pid = harness_spawn(&H);
+    bool was_paused = harness_wait_log(&H, "pausing consumption", 1, 30000);
+    /* Stay read-only for several probes (they back off: 0.5 s, 1 s, 2 s): each must fail. */
+    bool probed =
+        was_paused && harness_wait_log(&H, "database still unavailable (probe", probes, 30000);
+    long pauses = harness_log_count(&H, "pausing consumption");
+    harness_sql(&H, "SET GLOBAL read_only = 0");
+    read_only_set = false;
+    cr_assert(was_paused, "%s did not pause consumption (log: %s)", variable, H.log_path);
+    cr_expect(probed, "fewer than %ld failed probes under %s (log: %s)", probes, variable,
+              H.log_path);
+    cr_expect_eq(pauses, 1,
+                 "consumption paused %ld times over %ld probes: the probe resumed on a "
+                 "read-only server",
+                 pauses, probes);
+    cr_assert(harness_wait_scalar(&H, events, 60000, "SELECT COUNT(*) FROM msg_dedup"));
+    cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), events);
+    cr_assert_eq(harness_stop(daemon_pid, SIGTERM, 25000), 0);
+    daemon_pid = 0;
+    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"dead_lettered\""), 0);
+    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"retried\""), 0);
+}
+
 /* A server that answers but refuses writes (read_only after a failover) is an outage too: the
  * probe must not resume consumption on it, or consumption flaps between paused and failing. */
 Test(outage, a_read_only_database_keeps_consumption_paused_until_it_accepts_writes,
@@ -209,34 +248,7 @@ Test(outage, a_read_only_database_keeps_consumption_paused_until_it_accepts_writ
     harness_sql(&H, "GRANT SELECT, INSERT, UPDATE, DELETE ON `%s`.* TO '%s'@'%%'", H.database,
                 user);
     harness_config_set_mysql_login(&H, user, "pw");
-    harness_insert_orders(&H, "r", 50, "PAYING");
-    harness_declare_topology(&H);
-
-    read_only_set = true;
-    harness_sql(&H, "SET GLOBAL read_only = 1");
-    for (int i = 0; i < 50; i++) {
-        char id[16];
-        snprintf(id, sizeof id, "r%d", i);
-        harness_publish_event(&H, id, "PAY_SUCCESS", i);
-    }
-    daemon_pid = harness_spawn(&H);
-    bool was_paused = harness_wait_log(&H, "pausing consumption", 1, 30000);
-    /* Stay read-only for several probes (they back off: 0.5 s, 1 s, 2 s): each must fail. */
-    bool probed = was_paused && harness_wait_log(&H, "database still unavailable (probe", 3, 30000);
-    long pauses = harness_log_count(&H, "pausing consumption");
-    harness_sql(&H, "SET GLOBAL read_only = 0");
-    read_only_set = false;
-    cr_assert(was_paused, "a read-only database did not pause consumption (log: %s)", H.log_path);
-    cr_expect(probed, "fewer than 3 failed probes on a read-only server (log: %s)", H.log_path);
-    cr_expect_eq(pauses, 1,
-                 "consumption paused %ld times over 3 probes: the probe resumed on a "
-                 "read-only server",
-                 pauses);
-    cr_assert(harness_wait_scalar(&H, 50, 60000, "SELECT COUNT(*) FROM msg_dedup"));
-    cr_assert_eq(harness_stop(daemon_pid, SIGTERM, 25000), 0);
-    daemon_pid = 0;
-    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"dead_lettered\""), 0);
-    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"retried\""), 0);
+    expect_paused_while_read_only("r", 50, "read_only", 3);
 }
 
 /* MySQL's super_read_only binds every account, SUPER too (read_only lets an account with SUPER
@@ -249,32 +261,7 @@ Test(outage, super_read_only_pauses_an_account_that_read_only_would_let_write, .
     h_ready = true;
     if (!harness_db_is_mysql(&H))
         cr_skip_test("super_read_only is MySQL's (MariaDB 10.11 has none)");
-    harness_insert_orders(&H, "s", 30, "PAYING");
-    harness_declare_topology(&H);
-    read_only_set = true;
-    harness_sql(&H, "SET GLOBAL super_read_only = 1");
-    for (int i = 0; i < 30; i++) {
-        char id[16];
-        snprintf(id, sizeof id, "s%d", i);
-        harness_publish_event(&H, id, "PAY_SUCCESS", i);
-    }
-    daemon_pid = harness_spawn(&H);
-    bool was_paused = harness_wait_log(&H, "pausing consumption", 1, 30000);
-    bool probed = was_paused && harness_wait_log(&H, "database still unavailable (probe", 2, 30000);
-    long pauses = harness_log_count(&H, "pausing consumption");
-    harness_sql(&H, "SET GLOBAL super_read_only = 0");
-    harness_sql(&H, "SET GLOBAL read_only = 0");
-    read_only_set = false;
-    cr_assert(was_paused, "super_read_only did not pause consumption (log: %s)", H.log_path);
-    cr_expect(probed, "fewer than 2 failed probes under super_read_only (log: %s)", H.log_path);
-    cr_expect_eq(pauses, 1, "consumption paused %ld times: a probe resumed on a read-only server",
-                 pauses);
-    cr_assert(harness_wait_scalar(&H, 30, 60000, "SELECT COUNT(*) FROM msg_dedup"));
-    cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), 30);
-    cr_assert_eq(harness_stop(daemon_pid, SIGTERM, 25000), 0);
-    daemon_pid = 0;
-    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"dead_lettered\""), 0);
-    cr_expect_eq(harness_log_count(&H, "\"outcome\":\"retried\""), 0);
+    expect_paused_while_read_only("s", 30, "super_read_only", 2);
 }
 
 static long long connections_of(const char *user)
