@@ -22,3 +22,9 @@ int db_prepare(MYSQL *db, const char *sql, MYSQL_STMT **out, db_error *error)
     *out = stmt;
     return 0;
 }
+
+void db_stmt_discard_failed_result(MYSQL_STMT *stmt)
+{
+    mysql_stmt_free_result(stmt);
+    mysql_stmt_reset(stmt);
+}

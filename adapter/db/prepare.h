@@ -20,4 +20,15 @@
  */
 int db_prepare(MYSQL *db, const char *sql, MYSQL_STMT **out, db_error *error);
 
+/*
+ * After mysql_stmt_store_result failed on stmt (borrowed): frees what was read and returns the
+ * statement to "prepared", so that it can be executed again. An error that arrives in the middle
+ * of a result set (a deadlock or lock wait on a row of INSERT … RETURNING or SELECT … FOR UPDATE)
+ * leaves MariaDB Connector/C's statement believing rows are still unread on the wire; its next
+ * mysql_stmt_execute then waits to read them from a connection with nothing to read, until
+ * read_timeout ends it with "server has gone away". Costs one round trip (COM_STMT_RESET); a
+ * failure here is the connection's, and its next statement reports it.
+ */
+void db_stmt_discard_failed_result(MYSQL_STMT *stmt);
+
 #endif

@@ -13,6 +13,7 @@
 
 #include "db/bind.h"
 #include "db/error.h"
+#include "db/prepare.h"
 #include "config/sql_template.h"
 #include "ops/log.h"
 #include "outbox/writer.h"
@@ -237,7 +238,7 @@ static int host_exec(idemq_tx *tx, const char *sql, const idemq_value *params, s
             exec_fail(out, mysql_stmt_errno(stmt), mysql_stmt_sqlstate(stmt), "%s",
                       mysql_stmt_error(stmt));
             note_error(tx, out->mysql_errno);
-            mysql_stmt_free_result(stmt);
+            db_stmt_discard_failed_result(stmt);
             goto out;
         }
         out->rows = (uint64_t)mysql_stmt_num_rows(stmt);

@@ -133,7 +133,7 @@ static apply_status run_statement(handler_call *call, sql_state *st, size_t inde
         /* A SELECT: its row count is what expect_rows checks (e.g. "the row exists"). */
         if (mysql_stmt_store_result(stmt) != 0) {
             status = fail_statement(call, stmt, index, "read result");
-            mysql_stmt_free_result(stmt);
+            db_stmt_discard_failed_result(stmt);
             goto out;
         }
         *rows = (unsigned long long)mysql_stmt_num_rows(stmt);

@@ -212,7 +212,7 @@ static apply_status classify_unmatched(handler_call *call, state_machine_stateme
     result.is_null = &current_null;
     if (mysql_stmt_bind_result(stmt, &result) || mysql_stmt_store_result(stmt)) {
         status = handler_fail_statement(call, "read current state", stmt);
-        mysql_stmt_free_result(stmt);
+        db_stmt_discard_failed_result(stmt);
         return status;
     }
     int fetched = mysql_stmt_fetch(stmt);
@@ -532,7 +532,7 @@ static apply_status read_rows(handler_call *call, batch_scratch *b, size_t key_c
     out[2].is_null = &state_null;
     if (mysql_stmt_bind_result(stmt, out) || mysql_stmt_store_result(stmt)) {
         status = handler_fail_statement(call, "read the batch's rows", stmt);
-        mysql_stmt_free_result(stmt);
+        db_stmt_discard_failed_result(stmt);
         return status;
     }
     for (size_t k = 0; k < key_count; k++)

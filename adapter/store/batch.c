@@ -291,7 +291,7 @@ static apply_status insert_returning(store_session *s, store_batch_state *b, siz
     out.length = &key_len;
     if (mysql_stmt_bind_result(stmt, &out) || mysql_stmt_store_result(stmt)) {
         apply_status status = statement_failed(s, b, "dedup insert", stmt);
-        mysql_stmt_free_result(stmt);
+        db_stmt_discard_failed_result(stmt);
         return status;
     }
     size_t inserted = 0;
