@@ -138,16 +138,20 @@ int broker_open(const broker_open_options *opts, amqp_connection_state_t *out, c
     int heartbeat_s = (int)((opts->heartbeat_ms + 999) / 1000);
     /* rabbitmq-c merges these with its own client properties (and its capabilities table with
      * ours), so authentication_failure_close stays advertised. */
-    amqp_table_entry_t capability = {.key = amqp_cstring_bytes("connection.blocked"),
-                                     .value = {.kind = AMQP_FIELD_KIND_BOOLEAN, .value.boolean = 1}};
+    amqp_table_entry_t capabilities[2] = {
+        {.key = amqp_cstring_bytes("connection.blocked"),
+         .value = {.kind = AMQP_FIELD_KIND_BOOLEAN, .value.boolean = 1}},
+        {.key = amqp_cstring_bytes("consumer_cancel_notify"),
+         .value = {.kind = AMQP_FIELD_KIND_BOOLEAN, .value.boolean = 1}},
+    };
     amqp_table_entry_t client_entries[2] = {
         {.key = amqp_cstring_bytes("capabilities"),
          .value = {.kind = AMQP_FIELD_KIND_TABLE,
-                   .value.table = {.num_entries = 1, .entries = &capability}}},
+                   .value.table = {.num_entries = 2, .entries = capabilities}}},
         {.key = amqp_cstring_bytes("connection_name"),
          .value = {.kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("idemq run")}},
     };
-    amqp_table_t client_properties = {.num_entries = opts->blocked_capability ? 2 : 0,
+    amqp_table_t client_properties = {.num_entries = opts->session_capabilities ? 2 : 0,
                                       .entries = client_entries};
     amqp_rpc_reply_t reply =
         external ? amqp_login_with_properties(conn, info.vhost, 0, 131072, heartbeat_s,

@@ -42,9 +42,11 @@ typedef struct broker_open_options {
     const char *password;       /* amqp.password_file's content, in place of the URL's password;
                                    NULL: the URL's. Borrowed. */
     /* Non-zero: advertise the connection.blocked capability (the broker then announces resource
-     * alarms with connection.blocked / connection.unblocked) and name the connection
-     * "idemq run" for the management UI. For the long-lived session only. */
-    int blocked_capability;
+     * alarms with connection.blocked / connection.unblocked) and consumer_cancel_notify (it
+     * cancels a consumer with basic.cancel, e.g. at a consumer timeout, instead of closing the
+     * channel), and name the connection "idemq run" for the management UI. For the long-lived
+     * session only: it handles both. */
+    int session_capabilities;
 } broker_open_options;
 
 /* Opens a connection and channel BROKER_CHANNEL. Returns 0 and sets *out (returned owned), or

@@ -78,6 +78,7 @@ typedef enum event_kind {
     EV_BLOCKED,
     EV_UNBLOCKED,
     EV_CONSUMING,
+    EV_CONSUMER_CANCELLED,
     EV_FATAL,
     EV_EXITED,
 } event_kind;
@@ -89,7 +90,7 @@ typedef struct event {
     broker_confirm_cb cb; /* CONFIRM */
     void *arg;
     bool flag;  /* CONFIRM: confirmed; CONSUMING: consuming */
-    int code;   /* FATAL */
+    int code;   /* FATAL; CONSUMER_CANCELLED: the consumer's index */
     char *text; /* DOWN, CONNECT_FAILED, BLOCKED, FATAL: owned (NULL when out of memory) */
 } event;
 
@@ -99,6 +100,12 @@ typedef struct tag_entry {
     uint64_t tag;
     tag_state state;
 } tag_entry;
+
+/* What the broker knows of one consumer on the current connection. */
+typedef struct consumer_subscription {
+    uint64_t subscription;    /* the number in its current tag */
+    bool cancelled_by_broker; /* a basic.cancel came for that tag: re-subscribe it */
+} consumer_subscription;
 
 typedef struct tag_ring {
     tag_entry *entries;
@@ -142,7 +149,8 @@ struct broker_session {
     bool thread_consuming;       /* what the broker was told on this connection */
     bool thread_blocked;         /* connection.blocked received, not yet unblocked */
     bool ever_connected;
-    uint64_t subscription;       /* bumped by every basic.consume round: see consumer_tag */
+    uint64_t subscription;       /* bumped by every basic.consume: see consumer_tag */
+    consumer_subscription *subscribed; /* per consumer: its tag, and whether the broker ended it */
     int64_t probe_sent_ms;       /* 0: no probe outstanding */
     int64_t next_attempt_ms;     /* monotonic time of the next connect attempt */
     unsigned reconnect_attempt;  /* connects failed in a row, over every node */
@@ -423,6 +431,7 @@ static int consumer_index_of(const broker_session *s, amqp_bytes_t tag, size_t *
 
 static void apply_consuming(broker_session *s);
 static void send_publish(broker_session *s, command *c);
+static void consumer_tag(const broker_session *s, size_t index, char *buf, size_t len);
 
 static void set_blocked(broker_session *s, bool blocked, const char *reason)
 {
@@ -447,6 +456,69 @@ static void set_blocked(broker_session *s, bool blocked, const char *reason)
             ;
         if (!s->conn)
             fail_held_publishes(s);
+    }
+}
+
+/* A basic.cancel from the broker (we advertise consumer_cancel_notify): RabbitMQ ends a consumer
+ * whose delivery stayed unacked past consumer_timeout (4.x quorum queues), whose queue was deleted,
+ * or whose quorum member was removed. The connection and the other consumers carry on; the
+ * consumer is subscribed again after this drain (resubscribe_cancelled). What it held goes back
+ * to the queue (4.3 returns it without spending a delivery attempt, and ignores the acks that
+ * still come for it): work already committed comes back as a duplicate and is settled by its
+ * dedup row. */
+static void broker_cancelled_consumer(broker_session *s, const amqp_basic_cancel_t *cancel)
+{
+    size_t index;
+    char current[48];
+    int tag_len = (int)cancel->consumer_tag.len;
+    const char *tag = cancel->consumer_tag.bytes;
+    if (consumer_index_of(s, cancel->consumer_tag, &index) == 0)
+        consumer_tag(s, index, current, sizeof current);
+    else
+        current[0] = '\0';
+    if (!s->thread_consuming || strlen(current) != (size_t)tag_len ||
+        memcmp(current, tag, (size_t)tag_len) != 0) {
+        /* Crossed our own basic.cancel (a pause), or a tag of an earlier subscription. */
+        log_info(LOG_NO_CONTEXT, "RabbitMQ cancelled consumer %.*s, which idemq no longer uses",
+                 tag_len, tag);
+        return;
+    }
+    log_context ctx = {.queue = s->cfg->consumers[index].queue, .retries = -1};
+    log_warn(&ctx,
+             "RabbitMQ cancelled idemq's consumer on queue %s (a delivery stayed unacked past "
+             "consumer_timeout or the queue's x-consumer-timeout, or the queue was deleted, or "
+             "its quorum member removed): what it held goes back to the queue; subscribing again",
+             s->cfg->consumers[index].queue);
+    s->subscribed[index].cancelled_by_broker = true;
+    event_post(s, EV_CONSUMER_CANCELLED, NULL, NULL, NULL, false, (int)index, NULL);
+}
+
+/* Subscribes again each consumer the broker cancelled. A queue that is gone fails the
+ * basic.consume (404 closes the channel): the connection starts over, and the topology
+ * declaration recreates the queue or says that it is missing. */
+static void resubscribe_cancelled(broker_session *s)
+{
+    char reason[512], err[1024], tag[48];
+    for (size_t i = 0; s->conn && i < s->cfg->consumer_count; i++) {
+        if (!s->subscribed[i].cancelled_by_broker || !s->thread_consuming)
+            continue;
+        s->subscribed[i].cancelled_by_broker = false;
+        s->subscribed[i].subscription = ++s->subscription;
+        consumer_tag(s, i, tag, sizeof tag);
+        const char *queue = s->cfg->consumers[i].queue;
+        amqp_basic_consume(s->conn, BROKER_CHANNEL, amqp_cstring_bytes(queue),
+                           amqp_cstring_bytes(tag), 0, 0, 0, amqp_empty_table);
+        amqp_rpc_reply_t reply = amqp_get_rpc_reply(s->conn);
+        if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+            snprintf(err, sizeof err,
+                     "subscribing again to queue %s after RabbitMQ cancelled its consumer "
+                     "failed (does the queue still exist?): %s",
+                     queue, broker_describe_reply(reply, reason, sizeof reason));
+            thread_connection_lost(s, err);
+            return;
+        }
+        log_context ctx = {.queue = queue, .retries = -1};
+        log_info(&ctx, "subscribed again to queue %s", queue);
     }
 }
 
@@ -495,8 +567,8 @@ static int handle_method(broker_session *s, const amqp_frame_t *frame)
         set_blocked(s, false, NULL);
         return s->conn ? 0 : -1;
     case AMQP_BASIC_CANCEL_METHOD:
-        thread_connection_lost(s, "the broker cancelled a consumer (was a queue deleted?)");
-        return -1;
+        broker_cancelled_consumer(s, m->decoded);
+        return 0;
     case AMQP_CHANNEL_CLOSE_METHOD:
     case AMQP_CONNECTION_CLOSE_METHOD:
         thread_connection_lost(s, broker_describe_method(m, reason, sizeof reason));
@@ -563,7 +635,8 @@ static void drain(broker_session *s)
  * does. */
 static void consumer_tag(const broker_session *s, size_t index, char *buf, size_t len)
 {
-    snprintf(buf, len, CONSUMER_TAG_PREFIX "%zu.%llu", index, (unsigned long long)s->subscription);
+    snprintf(buf, len, CONSUMER_TAG_PREFIX "%zu.%llu", index,
+             (unsigned long long)s->subscribed[index].subscription);
 }
 
 /* Brings the broker in line with want_consuming. (Not with the blocked state: a blocked connection
@@ -579,6 +652,13 @@ static void apply_consuming(broker_session *s)
         s->subscription++;
     for (size_t i = 0; i < s->cfg->consumer_count; i++) {
         char tag[48];
+        if (want)
+            s->subscribed[i].subscription = s->subscription;
+        else if (s->subscribed[i].cancelled_by_broker) {
+            s->subscribed[i].cancelled_by_broker = false; /* nothing left to cancel */
+            continue;
+        }
+        s->subscribed[i].cancelled_by_broker = false;
         consumer_tag(s, i, tag, sizeof tag);
         if (want)
             amqp_basic_consume(s->conn, BROKER_CHANNEL,
@@ -795,7 +875,7 @@ static int connect_and_setup(broker_session *s, const char *url, char *err, size
         .tls_info = tls_info,
         .tls_info_len = sizeof tls_info,
         .password = s->cfg->amqp_password,
-        .blocked_capability = 1,
+        .session_capabilities = 1,
     };
     err[0] = '\0';
     int rc = broker_open(&opts, &s->conn, err, err_len);
@@ -920,6 +1000,7 @@ static void thread_main(void *arg)
             continue;
         }
         drain(s);
+        resubscribe_cancelled(s);
         run_commands(s);
         drain(s); /* what an RPC above queued */
         probe_liveness(s);
@@ -962,6 +1043,7 @@ static void on_async_closed(uv_handle_t *handle)
         e = next;
     }
     free(s->tags.entries);
+    free(s->subscribed);
     close(s->wake_fd);
     uv_mutex_destroy(&s->lock);
     free(s);
@@ -1017,6 +1099,10 @@ static void handle_event(broker_session *s, event *e)
         break;
     case EV_CONSUMING:
         s->consuming = e->flag;
+        break;
+    case EV_CONSUMER_CANCELLED:
+        if (!s->freeing && s->cb->on_consumer_cancelled)
+            s->cb->on_consumer_cancelled(s->cb->ctx, (size_t)e->code);
         break;
     case EV_FATAL:
         s->fatal = true;
@@ -1076,16 +1162,19 @@ broker_session *broker_session_new(uv_loop_t *loop, const config *cfg,
     atomic_init(&s->frame_max, AMQP_DEFAULT_FRAME_SIZE);
     atomic_init(&s->last_rx_ms, monotonic_ms());
     snprintf(s->last_error, sizeof s->last_error, "connecting to RabbitMQ");
+    s->subscribed = calloc(cfg->consumer_count, sizeof *s->subscribed);
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (s->wake_fd < 0 || uv_mutex_init(&s->lock) != 0) {
+    if (!s->subscribed || s->wake_fd < 0 || uv_mutex_init(&s->lock) != 0) {
         if (s->wake_fd >= 0)
             close(s->wake_fd);
+        free(s->subscribed);
         free(s);
         return NULL;
     }
     if (uv_async_init(loop, &s->events_async, on_events) != 0) {
         uv_mutex_destroy(&s->lock);
         close(s->wake_fd);
+        free(s->subscribed);
         free(s);
         return NULL;
     }

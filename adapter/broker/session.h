@@ -61,6 +61,9 @@ typedef struct broker_session_callbacks {
     void (*on_down)(void *ctx, const char *reason);
     /* The broker blocked (reason, borrowed) or unblocked (NULL) this connection. Optional. */
     void (*on_blocked)(void *ctx, const char *reason);
+    /* The broker cancelled consumer consumer_index (a consumer timeout, its queue deleted, …);
+     * the session subscribes it again by itself. Optional. */
+    void (*on_consumer_cancelled)(void *ctx, size_t consumer_index);
     /* Before any connection worked, the broker refused what the configuration asks
      * (BROKER_E_REFUSED: credentials, vhost, topology). The session stops trying; the run should
      * end. reason is borrowed. */

@@ -239,6 +239,13 @@ static void on_broker_blocked(void *ctx, const char *reason)
         log_info(LOG_NO_CONTEXT, "RabbitMQ unblocked the connection: resuming");
 }
 
+/* Logged by the session, which subscribes the consumer again. */
+static void on_consumer_cancelled(void *ctx, size_t consumer_index)
+{
+    runner *r = ctx;
+    metrics_consumer_cancelled(r->metrics, consumer_index);
+}
+
 static void begin_stopping(runner *r);
 
 static void on_broker_fatal(void *ctx, int code, const char *reason)
@@ -451,6 +458,7 @@ static int run_consumers(const config *cfg)
                                               .on_up = on_broker_up,
                                               .on_down = on_broker_down,
                                               .on_blocked = on_broker_blocked,
+                                              .on_consumer_cancelled = on_consumer_cancelled,
                                               .on_fatal = on_broker_fatal};
 
     if (store_pool_new(loop, cfg, &r->store, err, sizeof err) != 0) {

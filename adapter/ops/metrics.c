@@ -28,6 +28,7 @@ typedef struct consumer_metrics {
     int64_t inflight;
     int64_t held;
     uint64_t unpublishable;
+    uint64_t cancelled_by_broker;
 } consumer_metrics;
 
 struct metrics {
@@ -138,6 +139,12 @@ void metrics_copy_unpublishable(metrics *m, size_t consumer)
 {
     if (consumer < m->cfg->consumer_count)
         m->consumers[consumer].unpublishable++;
+}
+
+void metrics_consumer_cancelled(metrics *m, size_t consumer)
+{
+    if (consumer < m->cfg->consumer_count)
+        m->consumers[consumer].cancelled_by_broker++;
 }
 
 void metrics_set_pause(metrics *m, metrics_pause pause)
@@ -442,6 +449,15 @@ int metrics_render(const metrics *m, char **out, size_t *len)
         escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
         emit(&b, "idemq_copies_unpublishable_total{queue=\"%s\"} %" PRIu64 "\n", queue,
              m->consumers[i].unpublishable);
+    }
+    emit(&b, "# HELP idemq_consumer_cancels_total Consumers RabbitMQ cancelled (basic.cancel: a "
+             "consumer timeout, the queue deleted, its quorum member removed); idemq subscribed "
+             "again.\n"
+             "# TYPE idemq_consumer_cancels_total counter\n");
+    for (size_t i = 0; i < n; i++) {
+        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
+        emit(&b, "idemq_consumer_cancels_total{queue=\"%s\"} %" PRIu64 "\n", queue,
+             m->consumers[i].cancelled_by_broker);
     }
     if (m->ready) {
         char reason[256];

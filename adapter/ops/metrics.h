@@ -21,6 +21,9 @@
  *   idemq_copies_unpublishable_total{queue}  retry/DLQ copies that could not be encoded within
  *                                            frame_max: their originals were rejected to the
  *                                            work queue's own dead-letter route
+ *   idemq_consumer_cancels_total{queue}     consumers RabbitMQ cancelled (basic.cancel: a
+ *                                            consumer timeout, the queue deleted); subscribed
+ *                                            again
  *   idemq_ready                              1 when /readyz answers 200 (asked at each render,
  *                                            when a readiness probe is set)
  *   idemq_outbox_pending                     outbox rows not yet published (state 0), counted
@@ -82,6 +85,8 @@ void metrics_held_add(metrics *m, size_t consumer, int delta);
 /* A blocked → true transition counts one idemq_broker_blocked_total. */
 void metrics_set_broker_blocked(metrics *m, bool blocked);
 void metrics_copy_unpublishable(metrics *m, size_t consumer);
+/* RabbitMQ cancelled the consumer of consumer's queue (basic.cancel). */
+void metrics_consumer_cancelled(metrics *m, size_t consumer);
 /* Entering METRICS_PAUSE_SCHEMA from another state counts one schema error. */
 void metrics_set_pause(metrics *m, metrics_pause pause);
 metrics_pause metrics_get_pause(const metrics *m);
