@@ -45,6 +45,7 @@ static const backoff_policy reconnect_backoff = {
 typedef enum command_kind {
     CMD_ACK,
     CMD_NACK,
+    CMD_RELEASE,
     CMD_REJECT,
     CMD_PUBLISH,
     CMD_CONSUME,
@@ -95,7 +96,9 @@ typedef struct event {
 } event;
 
 /* Delivery tags handed to the loop and not yet settled on this connection, in tag order. */
-typedef enum tag_state { TAG_OPEN, TAG_ACKED, TAG_GONE } tag_state;
+/* TAG_ACKED and TAG_RELEASED are settled by the loop and not yet sent (flush_acks coalesces
+ * them); TAG_GONE was sent on its own. */
+typedef enum tag_state { TAG_OPEN, TAG_ACKED, TAG_RELEASED, TAG_GONE } tag_state;
 typedef struct tag_entry {
     uint64_t tag;
     tag_state state;
@@ -751,8 +754,8 @@ static void settle_tag(broker_session *s, uint64_t generation, uint64_t tag, com
     tag_entry *e = tag_find(&s->tags, tag);
     if (!e || e->state != TAG_OPEN)
         return;
-    if (kind == CMD_ACK) {
-        e->state = TAG_ACKED; /* sent by flush_acks, coalesced */
+    if (kind == CMD_ACK || kind == CMD_RELEASE) {
+        e->state = kind == CMD_ACK ? TAG_ACKED : TAG_RELEASED; /* sent by flush_acks, coalesced */
         return;
     }
     e->state = TAG_GONE;
@@ -761,25 +764,40 @@ static void settle_tag(broker_session *s, uint64_t generation, uint64_t tag, com
         thread_connection_lost(s, broker_describe_status(rc));
 }
 
-/* One basic.ack with multiple for the settled run at the head of the ring, single acks for
- * settled tags behind an unsettled one (a held or still-running delivery must not hold the
- * others' acks back). */
+/* The settled tags at the head of the ring, one command per run: basic.ack(multiple) for acked
+ * ones, basic.nack(multiple, requeue) for released ones (tags sent on their own join either run:
+ * the broker skips what is settled). Then single acks for acked tags behind an unsettled one (a
+ * held or still-running delivery must not hold the others' acks back); released ones there wait.
+ * Few commands matter: RabbitMQ forwards a channel's settlements to a quorum queue about 32 at a
+ * time, and a channel that closes drops the rest (its deliveries then come back as returned,
+ * which 4.3 counts toward the delivery limit). */
 static void flush_acks(broker_session *s)
 {
     tag_ring *r = &s->tags;
-    uint64_t last_acked = 0;
-    bool any = false;
-    while (r->count && tag_at(r, 0)->state != TAG_OPEN) {
-        if (tag_at(r, 0)->state == TAG_ACKED) {
-            last_acked = tag_at(r, 0)->tag;
-            any = true;
+    while (r->count && tag_at(r, 0)->state != TAG_OPEN && s->conn) {
+        tag_state run = TAG_GONE;
+        uint64_t last = 0;
+        while (r->count) {
+            tag_entry *e = tag_at(r, 0);
+            if (e->state == TAG_OPEN || (run != TAG_GONE && e->state != TAG_GONE &&
+                                         e->state != run))
+                break;
+            if (e->state != TAG_GONE) {
+                run = e->state;
+                last = e->tag;
+            }
+            r->head = (r->head + 1) % r->capacity;
+            r->count--;
         }
-        r->head = (r->head + 1) % r->capacity;
-        r->count--;
-    }
-    if (any && amqp_basic_ack(s->conn, BROKER_CHANNEL, last_acked, 1) != AMQP_STATUS_OK) {
-        thread_connection_lost(s, "cannot send basic.ack");
-        return;
+        int rc = AMQP_STATUS_OK;
+        if (run == TAG_ACKED)
+            rc = amqp_basic_ack(s->conn, BROKER_CHANNEL, last, 1);
+        else if (run == TAG_RELEASED)
+            rc = amqp_basic_nack(s->conn, BROKER_CHANNEL, last, 1, 1);
+        if (rc != AMQP_STATUS_OK) {
+            thread_connection_lost(s, "cannot send basic.ack");
+            return;
+        }
     }
     size_t gone = 0;
     for (size_t i = 0; i < r->count && s->conn; i++) {
@@ -806,6 +824,7 @@ static void run_commands(broker_session *s)
         switch (c->kind) {
         case CMD_ACK:
         case CMD_NACK:
+        case CMD_RELEASE:
         case CMD_REJECT:
             settle_tag(s, c->generation, c->delivery_tag, c->kind);
             command_release(s, c);
@@ -1009,6 +1028,15 @@ static void thread_main(void *arg)
     }
     fail_held_publishes(s);
     if (s->conn) {
+        /* Every delivery still unsettled (given back at shutdown, or never handed to the loop)
+         * goes back with one basic.nack(multiple, requeue) before the channel closes: RabbitMQ
+         * 4.3 counts what a closing channel returns toward a quorum queue's delivery limit, and
+         * not a nack; and one command rather than one per delivery, because the broker forwards
+         * a channel's settlements to a quorum queue about 32 at a time and drops the rest when
+         * the channel closes. */
+        if (amqp_basic_nack(s->conn, BROKER_CHANNEL, 0, 1, 1) != AMQP_STATUS_OK)
+            log_warn(LOG_NO_CONTEXT, "cannot give the unsettled deliveries back before closing: "
+                                     "the broker returns them with the channel");
         broker_close(s->conn);
         s->conn = NULL;
     }
@@ -1218,6 +1246,11 @@ void broker_ack(broker_session *s, const broker_message *msg)
 void broker_nack_requeue(broker_session *s, const broker_message *msg)
 {
     post_settle(s, msg, CMD_NACK);
+}
+
+void broker_release(broker_session *s, const broker_message *msg)
+{
+    post_settle(s, msg, CMD_RELEASE);
 }
 
 void broker_reject(broker_session *s, const broker_message *msg)

@@ -83,10 +83,16 @@ int broker_session_start(broker_session *s, char *err, size_t err_len);
  * connection. */
 void broker_ack(broker_session *s, const broker_message *msg);
 
-/* Gives msg's delivery back to its queue (basic.nack with requeue: on a quorum queue this spends
- * one delivery attempt); dropped when msg came from an earlier connection, whose deliveries the
- * broker requeued already. */
+/* Gives msg's delivery back to its queue at once (basic.nack with requeue: before RabbitMQ 4.3
+ * a quorum queue counts it toward its delivery limit, 4.3 does not); dropped when msg came from
+ * an earlier connection, whose deliveries the broker requeued already. */
 void broker_nack_requeue(broker_session *s, const broker_message *msg);
+
+/* Gives msg's delivery back like broker_nack_requeue, coalesced with its neighbours: one
+ * basic.nack(multiple) once every earlier delivery is settled, or at the latest with every
+ * unsettled delivery when the session closes. For shutting down, where many deliveries go back
+ * at once and the channel closes right after (see flush_acks in session.c). */
+void broker_release(broker_session *s, const broker_message *msg);
 
 /* Rejects msg's delivery without requeue: the work queue's own dead-letter route (if it has one)
  * takes it, else the broker drops it. For a message no copy of which can be published. */
@@ -124,8 +130,10 @@ bool broker_is_blocked(const broker_session *s, char *reason, size_t reason_len)
  * and returns true. (Whether it consumes is broker_is_consuming.) */
 bool broker_describe_unready(const broker_session *s, char *buf, size_t len);
 
-/* Stops the broker thread (it closes the connection politely, fails pending confirms) and
- * releases the session once the thread is gone; keep running the loop until then. NULL is a
+/* Stops the broker thread (it gives back every delivery not yet acked with one
+ * basic.nack(multiple, requeue), closes the connection politely, fails pending confirms) and
+ * releases the session once the thread is gone; keep running the loop until then. A delivery
+ * given back at shutdown is therefore left unsettled rather than nacked on its own. NULL is a
  * no-op. */
 void broker_session_free(broker_session *s);
 

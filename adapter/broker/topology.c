@@ -566,22 +566,24 @@ static void work_queue_warning(const config_consumer *c, const limit_probe *p, c
     if (p->state == LIMIT_VALUE)
         snprintf(what, sizeof what,
                  "work queue '%s' is a quorum queue with x-delivery-limit=%lld: a message "
-                 "returned %lld times (requeued, or unacked when a channel closes) is no longer "
-                 "delivered; RabbitMQ %s. A queue argument cannot be changed in place: a policy "
+                 "returned more than %lld times (requeued, or unacked when a channel closes; on "
+                 "RabbitMQ 4.3 a nack with requeue does not count) is no longer delivered; "
+                 "RabbitMQ %s. A queue argument cannot be changed in place: a policy "
                  "only helps where it takes precedence, else redeclare the queue",
                  c->queue, p->value, p->value, fate);
     else if (p->state == LIMIT_DEFAULT)
         snprintf(what, sizeof what,
                  "work queue '%s' is a quorum queue on RabbitMQ 4.x, whose default delivery "
                  "limit (20) %s when the message was returned (requeued, or unacked when a "
-                 "channel closes) 20 times, unless a policy says otherwise (policies are not "
+                 "channel closes; on RabbitMQ 4.3 a nack with requeue does not count) more than "
+                 "20 times, unless a policy says otherwise (policies are not "
                  "visible over AMQP: ignore this if one sets delivery-limit for it)",
                  c->queue, fate);
     else
         snprintf(what, sizeof what,
                  "could not tell whether work queue '%s' has a delivery limit (%.200s); on "
                  "RabbitMQ 4.x a quorum queue's default limit (20) %s when the message was "
-                 "returned 20 times",
+                 "returned more than 20 times",
                  c->queue, p->detail, fate);
     snprintf(warning, len, "%s. Fix: %s; or route such messages to idemq's DLQ with the "
              "definition %s. %s",

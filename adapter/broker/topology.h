@@ -57,7 +57,7 @@ int topology_declare(amqp_connection_state_t conn, const config_consumer *c, cha
 /*
  * For the daemon, after topology_declare succeeded (so Q exists): on RabbitMQ 4.x, checks
  * whether the work queue Q is a quorum queue whose delivery limit is not unlimited, i.e. where a
- * message returned 20 times (the default) is dropped. Declares Q on TOPOLOGY_PROBE_CHANNEL with
+ * message returned more than 20 times (the default) is dropped. Declares Q on TOPOLOGY_PROBE_CHANNEL with
  * the arguments it has (learnt one by one from the broker's 406 "inequivalent arg" replies, which
  * close only the probe channel) plus x-queue-type quorum, never changing the queue: declare-ok →
  * quorum without x-delivery-limit → warning; 406 on x-queue-type → not quorum → none; 406 on

@@ -119,14 +119,18 @@ static void on_probe_settled(void *ctx)
     maybe_finish_shutdown(ctx);
 }
 
-/* Counts and logs a delivery given back untouched before it became a delivery of ours. */
+/* Counts and logs a delivery given back untouched before it became a delivery of ours. While
+ * stopping, such deliveries go back together (broker_release), as the channel closes soon. */
 static void give_back(runner *r, broker_message *msg, const char *why)
 {
     log_context ctx = {.queue = r->cfg->consumers[msg->consumer_index].queue, .retries = -1,
                        .outcome = outcome_label_name(OUTCOME_REQUEUED)};
     log_info(&ctx, "requeued: %s", why);
     metrics_count(r->metrics, msg->consumer_index, OUTCOME_REQUEUED);
-    broker_nack_requeue(r->broker, msg);
+    if (r->state == RUN_ACTIVE)
+        broker_nack_requeue(r->broker, msg);
+    else
+        broker_release(r->broker, msg);
     broker_message_free(msg);
 }
 

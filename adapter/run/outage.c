@@ -109,13 +109,13 @@ static void resume_consuming(outage *o)
     broker_set_consuming(o->broker, true);
 }
 
-void outage_drop_held(outage *o, bool requeue)
+void outage_drop_held(outage *o, bool shutting_down)
 {
     delivery *d = take_held(o);
     while (d) {
         delivery *next = d->held_next;
-        if (requeue) {
-            broker_nack_requeue(o->broker, d->msg);
+        if (shutting_down) {
+            broker_release(o->broker, d->msg); /* one nack for them all, not one each */
             delivery_count_outcome(d, o->metrics, OUTCOME_REQUEUED);
             log_context ctx = delivery_log_context(d, "requeued");
             log_warn(&ctx, "requeued a held message: shutting down while paused");

@@ -72,10 +72,11 @@ void outage_hold(outage *o, delivery *d);
 /* A message committed: the next outage's probes start again from the shortest delay. */
 void outage_reset_backoff(outage *o);
 
-/* Gives up the held deliveries: requeue them (shutting down: one delivery attempt each, and they
- * are not lost), or not (their connection is gone and the broker requeued them already). Each
- * goes to the retire hook. */
-void outage_drop_held(outage *o, bool requeue);
+/* Gives up the held deliveries, each to the retire hook. Shutting down, they are logged,
+ * counted as requeued and given back together (broker_release: one basic.nack for them all,
+ * which spends no delivery attempt on RabbitMQ 4.3). Otherwise their connection is gone and the
+ * broker requeued them already. */
+void outage_drop_held(outage *o, bool shutting_down);
 
 /* Consumption is paused. */
 bool outage_is_paused(const outage *o);
