@@ -85,6 +85,23 @@ static amqp_table_t queue_arguments(const config_consumer *c, uint64_t ttl_ms, b
     return (amqp_table_t){.num_entries = n, .entries = entries};
 }
 
+/* Whether a failed declaration ran out of time rather than being refused: rabbitmq-c's RPC
+ * timeout, or RabbitMQ's own 541 ("Could not add binding due to timeout"), with which it closes
+ * the connection when its metadata store cannot commit a change in time. */
+static bool declaration_timed_out(amqp_rpc_reply_t reply)
+{
+    if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION)
+        return reply.library_error == AMQP_STATUS_TIMEOUT;
+    if (reply.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION ||
+        reply.reply.id != AMQP_CONNECTION_CLOSE_METHOD)
+        return false;
+    const amqp_connection_close_t *close = reply.reply.decoded;
+    char text[400];
+    snprintf(text, sizeof text, "%.*s", (int)close->reply_text.len,
+             (const char *)close->reply_text.bytes);
+    return close->reply_code == AMQP_INTERNAL_ERROR && strstr(text, "timeout") != NULL;
+}
+
 /* Turns a failed RPC into the caller's message; reopens the channel after a channel.close. */
 static int explain_failure(amqp_connection_state_t conn, const char *kind, const char *name,
                            char *err, size_t err_len)
@@ -92,6 +109,18 @@ static int explain_failure(amqp_connection_state_t conn, const char *kind, const
     amqp_rpc_reply_t reply = amqp_get_rpc_reply(conn);
     char reason[512];
     broker_describe_reply(reply, reason, sizeof reason);
+    if (declaration_timed_out(reply)) {
+        /* Seen on RabbitMQ 4.3 with two nodes of three down: the survivor takes connections and
+         * answers lookups, but every binding (idemq declares them at each connect) waits 30 s
+         * for a majority that is not there. */
+        snprintf(err, err_len,
+                 "declaring %s '%s' failed: %s. RabbitMQ could not commit the declaration in "
+                 "time: a cluster with fewer than a majority of its nodes running cannot take "
+                 "declarations (RabbitMQ 4.x keeps them in its Khepri metadata store, which needs "
+                 "a majority), nor can an overloaded broker",
+                 kind, name, reason);
+        return TOPOLOGY_E_BROKER;
+    }
     if (reply.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION ||
         reply.reply.id != AMQP_CHANNEL_CLOSE_METHOD) {
         snprintf(err, err_len, "declaring %s '%s' failed: %s", kind, name, reason);

@@ -44,6 +44,9 @@ enum {
  * Declares everything for consumer c on BROKER_CHANNEL (and the probe channel, see above).
  * Returns 0 or a TOPOLOGY_E_* code with the explanation in err (borrowed, err_len bytes). After an
  * error BROKER_CHANNEL has been reopened when possible (it is then no longer in confirm mode).
+ * A declaration that runs out of time (rabbitmq-c's RPC timeout, or RabbitMQ's 541 "... due to
+ * timeout") is TOPOLOGY_E_BROKER, and err adds that a cluster without a majority of its nodes
+ * cannot take declarations (RabbitMQ 4.x's Khepri metadata store needs one).
  *
  * On success err holds a warning for the operator, or "" when there is none. Today the one
  * warning: on RabbitMQ 4.x, a quorum Q.dlq that already exists without x-delivery-limit (declared

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -235,6 +236,21 @@ static void escape_label(const char *value, char *out, size_t cap)
     out[n] = '\0';
 }
 
+/* A counter with one sample per consumer's queue; field is the uint64_t's offset in
+ * consumer_metrics. */
+static void emit_queue_counter(text_buffer *b, const metrics *m, const char *name, const char *help,
+                               size_t field)
+{
+    char queue[512];
+    emit(b, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    for (size_t i = 0; i < m->cfg->consumer_count; i++) {
+        uint64_t value;
+        memcpy(&value, (const char *)&m->consumers[i] + field, sizeof value);
+        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
+        emit(b, "%s{queue=\"%s\"} %" PRIu64 "\n", name, queue, value);
+    }
+}
+
 /* What /proc says about this process; false when it cannot be read (not Linux, no /proc). */
 typedef struct process_sample {
     double cpu_seconds, start_time_seconds;
@@ -441,24 +457,14 @@ int metrics_render(const metrics *m, char **out, size_t *len)
              "# TYPE idemq_broker_blocked_total counter\n"
              "idemq_broker_blocked_total %" PRIu64 "\n",
          m->broker_blocked ? 1 : 0, m->broker_blocked_total);
-    emit(&b, "# HELP idemq_copies_unpublishable_total Retry or dead-letter copies that could not "
-             "be encoded within frame_max; the original was rejected to the work queue's own "
-             "dead-letter route.\n"
-             "# TYPE idemq_copies_unpublishable_total counter\n");
-    for (size_t i = 0; i < n; i++) {
-        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
-        emit(&b, "idemq_copies_unpublishable_total{queue=\"%s\"} %" PRIu64 "\n", queue,
-             m->consumers[i].unpublishable);
-    }
-    emit(&b, "# HELP idemq_consumer_cancels_total Consumers RabbitMQ cancelled (basic.cancel: a "
-             "consumer timeout, the queue deleted, its quorum member removed); idemq subscribed "
-             "again.\n"
-             "# TYPE idemq_consumer_cancels_total counter\n");
-    for (size_t i = 0; i < n; i++) {
-        escape_label(m->cfg->consumers[i].queue, queue, sizeof queue);
-        emit(&b, "idemq_consumer_cancels_total{queue=\"%s\"} %" PRIu64 "\n", queue,
-             m->consumers[i].cancelled_by_broker);
-    }
+    emit_queue_counter(&b, m, "idemq_copies_unpublishable_total",
+                       "Retry or dead-letter copies that could not be encoded within frame_max; "
+                       "the original was rejected to the work queue's own dead-letter route.",
+                       offsetof(consumer_metrics, unpublishable));
+    emit_queue_counter(&b, m, "idemq_consumer_cancels_total",
+                       "Consumers RabbitMQ cancelled (basic.cancel: a consumer timeout, the queue "
+                       "deleted, its quorum member removed); idemq subscribed again.",
+                       offsetof(consumer_metrics, cancelled_by_broker));
     if (m->ready) {
         char reason[256];
         emit(&b, "# HELP idemq_ready Whether /readyz answers 200: connected to RabbitMQ and "

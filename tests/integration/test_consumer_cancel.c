@@ -57,6 +57,23 @@ static long long scrape(const char *sample)
     return value;
 }
 
+/* The work queue, before idemq starts (declare: passive): quorum, a 2 s x-consumer-timeout, and
+ * x-delivery-limit 1 with a dead-letter route to Q.over_limit (its name into over_limit), where a
+ * return that spent a delivery attempt would land. */
+static void declare_timed_work_queue(char *over_limit, size_t len)
+{
+    snprintf(over_limit, len, "%s.over_limit", H.queue);
+    declare_queue(over_limit, (amqp_table_entry_t[]){text_arg("x-queue-type", "quorum")}, 1);
+    amqp_table_entry_t work[] = {
+        text_arg("x-queue-type", "quorum"),
+        int_arg("x-consumer-timeout", 2000),
+        int_arg("x-delivery-limit", 1),
+        text_arg("x-dead-letter-exchange", ""),
+        text_arg("x-dead-letter-routing-key", over_limit),
+    };
+    declare_queue(H.queue, work, (int)(sizeof work / sizeof work[0]));
+}
+
 #define TIMEOUT_EVENTS 60
 
 /* Deliveries wait in idemq (one worker, 50 ms per row) longer than the queue's 2 s
@@ -72,16 +89,7 @@ Test(consumer_cancel, a_consumer_timeout_cancels_and_idemq_subscribes_again, .ti
         cr_skip_test("before 4.3 RabbitMQ times consumers out on the channel (it closes it), not "
                      "with the queue's x-consumer-timeout and a basic.cancel");
     char over_limit[160];
-    snprintf(over_limit, sizeof over_limit, "%s.over_limit", H.queue);
-    declare_queue(over_limit, (amqp_table_entry_t[]){text_arg("x-queue-type", "quorum")}, 1);
-    amqp_table_entry_t work[] = {
-        text_arg("x-queue-type", "quorum"),
-        int_arg("x-consumer-timeout", 2000),
-        int_arg("x-delivery-limit", 1),
-        text_arg("x-dead-letter-exchange", ""),
-        text_arg("x-dead-letter-routing-key", over_limit),
-    };
-    declare_queue(H.queue, work, (int)(sizeof work / sizeof work[0]));
+    declare_timed_work_queue(over_limit, sizeof over_limit);
     harness_declare_topology(&H);
     harness_insert_orders(&H, "t", TIMEOUT_EVENTS, "PAYING");
     harness_sql(&H, "CREATE TRIGGER slow_updates BEFORE UPDATE ON orders FOR EACH ROW "
@@ -137,16 +145,7 @@ Test(consumer_cancel, a_pause_past_the_consumer_timeout_loses_nothing_and_spends
     if (harness_broker_version(&H) < 403)
         cr_skip_test("before 4.3 RabbitMQ has no x-consumer-timeout on quorum queues here");
     char over_limit[160];
-    snprintf(over_limit, sizeof over_limit, "%s.over_limit", H.queue);
-    declare_queue(over_limit, (amqp_table_entry_t[]){text_arg("x-queue-type", "quorum")}, 1);
-    amqp_table_entry_t work[] = {
-        text_arg("x-queue-type", "quorum"),
-        int_arg("x-consumer-timeout", 2000),
-        int_arg("x-delivery-limit", 1),
-        text_arg("x-dead-letter-exchange", ""),
-        text_arg("x-dead-letter-routing-key", over_limit),
-    };
-    declare_queue(H.queue, work, (int)(sizeof work / sizeof work[0]));
+    declare_timed_work_queue(over_limit, sizeof over_limit);
     harness_declare_topology(&H);
     harness_insert_orders(&H, "p", PAUSE_EVENTS, "PAYING");
     harness_fixture_start(&fixture, "started consuming", 15000);
