@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -76,6 +77,7 @@ typedef enum event_kind {
     EV_UP,
     EV_DOWN,
     EV_CONNECT_FAILED,
+    EV_DECLARING,
     EV_BLOCKED,
     EV_UNBLOCKED,
     EV_CONSUMING,
@@ -124,6 +126,8 @@ struct broker_session {
 
     /* shared under lock */
     uv_mutex_t lock;
+    int setup_fd;      /* the socket of a connection still declaring its topology; -1: none */
+    bool abort_setup;  /* stopping: a connection being set up is cut short */
     command *commands_head, *commands_tail;
     event *events_head, *events_tail;
     command *free_commands;
@@ -882,6 +886,19 @@ static const char *node_name(const broker_session *s, char *buf, size_t len)
 
 /* Connects to url (borrowed), declares, starts consuming. Returns 0, BROKER_E_REFUSED for
  * configuration conflicts, BROKER_E_FAILED otherwise; err says why. */
+/* Publishes (fd >= 0) or withdraws (-1) the socket of the connection being set up, so that
+ * broker_session_free can cut a declaration short: without a majority, a RabbitMQ 4.x cluster
+ * makes each one wait 30 s (the RPC timeout), and a shutdown must not wait for it. Withdrawn
+ * before the connection is closed, so the loop never touches a closed (or reused) descriptor. */
+static void set_setup_fd(broker_session *s, int fd)
+{
+    uv_mutex_lock(&s->lock);
+    s->setup_fd = fd;
+    if (fd >= 0 && s->abort_setup)
+        shutdown(fd, SHUT_RDWR); /* the stop came while the connection was being opened */
+    uv_mutex_unlock(&s->lock);
+}
+
 static int connect_and_setup(broker_session *s, const char *url, char *err, size_t err_len)
 {
     char tls_info[1024];
@@ -902,6 +919,13 @@ static int connect_and_setup(broker_session *s, const char *url, char *err, size
         s->conn = NULL;
         return rc;
     }
+    set_setup_fd(s, amqp_get_sockfd(s->conn));
+    /* /readyz says where a connect that takes long is: a cluster without a majority makes each
+     * declaration wait 30 s. */
+    char node[600], text[700];
+    snprintf(text, sizeof text, "connected to RabbitMQ %s, declaring the topology",
+             node_name(s, node, sizeof node));
+    event_post(s, EV_DECLARING, NULL, NULL, NULL, false, 0, text);
     if (tls_info[0])
         log_info(LOG_NO_CONTEXT, "RabbitMQ connection uses TLS: %s", tls_info);
     for (size_t i = 0; i < s->cfg->consumer_count; i++) {
@@ -909,6 +933,7 @@ static int connect_and_setup(broker_session *s, const char *url, char *err, size
         log_context ctx = {.queue = c->queue, .retries = -1};
         rc = topology_declare(s->conn, c, err, err_len);
         if (rc != 0) {
+            set_setup_fd(s, -1);
             broker_close(s->conn);
             s->conn = NULL;
             return rc == TOPOLOGY_E_BROKER ? BROKER_E_FAILED : BROKER_E_REFUSED;
@@ -923,12 +948,14 @@ static int connect_and_setup(broker_session *s, const char *url, char *err, size
             log_warn(&ctx, "%s", warning);
         else if (rc < 0) {
             snprintf(err, err_len, "%s", warning);
+            set_setup_fd(s, -1);
             broker_close(s->conn);
             s->conn = NULL;
             return BROKER_E_FAILED;
         }
         err[0] = '\0';
     }
+    set_setup_fd(s, -1);
     atomic_store(&s->frame_max, (uint64_t)amqp_get_frame_max(s->conn));
     atomic_store(&s->last_rx_ms, monotonic_ms());
     s->probe_sent_ms = 0;
@@ -1112,6 +1139,7 @@ static void handle_event(broker_session *s, event *e)
         break;
     }
     case EV_CONNECT_FAILED:
+    case EV_DECLARING:
         set_text(s->last_error, sizeof s->last_error, e->text);
         break;
     case EV_BLOCKED:
@@ -1185,6 +1213,7 @@ broker_session *broker_session_new(uv_loop_t *loop, const config *cfg,
     s->cfg = cfg;
     s->cb = callbacks;
     s->want_consuming = true;
+    s->setup_fd = -1;
     s->thread_generation = 1;
     atomic_init(&s->generation, 1);
     atomic_init(&s->frame_max, AMQP_DEFAULT_FRAME_SIZE);
@@ -1379,4 +1408,11 @@ void broker_session_free(broker_session *s)
         return;
     }
     post_simple(s, CMD_STOP, false);
+    /* A connect stuck declaring its topology reads the stop only once that returns: end it now
+     * (its RPC fails at once and the thread goes on to the stop). */
+    uv_mutex_lock(&s->lock);
+    s->abort_setup = true;
+    if (s->setup_fd >= 0)
+        shutdown(s->setup_fd, SHUT_RDWR);
+    uv_mutex_unlock(&s->lock);
 }

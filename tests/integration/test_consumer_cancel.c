@@ -23,22 +23,6 @@ static void teardown(void)
 
 TestSuite(consumer_cancel, .fini = teardown);
 
-static amqp_table_entry_t text_arg(const char *key, const char *value)
-{
-    amqp_table_entry_t e = {.key = amqp_cstring_bytes(key)};
-    e.value.kind = AMQP_FIELD_KIND_UTF8;
-    e.value.value.bytes = amqp_cstring_bytes(value);
-    return e;
-}
-
-static amqp_table_entry_t int_arg(const char *key, int64_t value)
-{
-    amqp_table_entry_t e = {.key = amqp_cstring_bytes(key)};
-    e.value.kind = AMQP_FIELD_KIND_I64;
-    e.value.value.i64 = value;
-    return e;
-}
-
 static void declare_queue(const char *queue, const amqp_table_entry_t *args, int count)
 {
     amqp_queue_declare(H.amqp, BROKER_CHANNEL, amqp_cstring_bytes(queue), 0, 1, 0, 0,
@@ -63,13 +47,14 @@ static long long scrape(const char *sample)
 static void declare_timed_work_queue(char *over_limit, size_t len)
 {
     snprintf(over_limit, len, "%s.over_limit", H.queue);
-    declare_queue(over_limit, (amqp_table_entry_t[]){text_arg("x-queue-type", "quorum")}, 1);
+    declare_queue(over_limit, (amqp_table_entry_t[]){harness_field_text("x-queue-type", "quorum")},
+                  1);
     amqp_table_entry_t work[] = {
-        text_arg("x-queue-type", "quorum"),
-        int_arg("x-consumer-timeout", 2000),
-        int_arg("x-delivery-limit", 1),
-        text_arg("x-dead-letter-exchange", ""),
-        text_arg("x-dead-letter-routing-key", over_limit),
+        harness_field_text("x-queue-type", "quorum"),
+        harness_field_int("x-consumer-timeout", 2000),
+        harness_field_int("x-delivery-limit", 1),
+        harness_field_text("x-dead-letter-exchange", ""),
+        harness_field_text("x-dead-letter-routing-key", over_limit),
     };
     declare_queue(H.queue, work, (int)(sizeof work / sizeof work[0]));
 }

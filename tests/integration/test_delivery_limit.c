@@ -105,22 +105,6 @@ static int broker_at_least(int min_version, const char *why)
     return version;
 }
 
-static amqp_table_entry_t text_arg(const char *key, const char *value)
-{
-    amqp_table_entry_t e = {.key = amqp_cstring_bytes(key)};
-    e.value.kind = AMQP_FIELD_KIND_UTF8;
-    e.value.value.bytes = amqp_cstring_bytes(value);
-    return e;
-}
-
-static amqp_table_entry_t int_arg(const char *key, int64_t value)
-{
-    amqp_table_entry_t e = {.key = amqp_cstring_bytes(key)};
-    e.value.kind = AMQP_FIELD_KIND_I64;
-    e.value.value.i64 = value;
-    return e;
-}
-
 /* Declares Q.overlimit (a durable classic queue) and the work queue H.queue: a durable quorum
  * queue with x-delivery-limit DELIVERY_LIMIT that dead-letters what goes over it to
  * Q.overlimit through the default exchange. idemq (declare: passive) only checks it. */
@@ -128,16 +112,16 @@ static void declare_limited_work_queue(void)
 {
     harness *h = &F.h;
     snprintf(over_limit, sizeof over_limit, "%s" OVER_LIMIT_SUFFIX, h->queue);
-    amqp_table_entry_t classic = text_arg("x-queue-type", "classic");
+    amqp_table_entry_t classic = harness_field_text("x-queue-type", "classic");
     amqp_queue_declare(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(over_limit), 0, 1, 0, 0,
                        (amqp_table_t){.num_entries = 1, .entries = &classic});
     cr_assert(amqp_get_rpc_reply(h->amqp).reply_type == AMQP_RESPONSE_NORMAL, "cannot declare %s",
               over_limit);
     amqp_table_entry_t args[] = {
-        text_arg("x-queue-type", "quorum"),
-        int_arg("x-delivery-limit", DELIVERY_LIMIT),
-        text_arg("x-dead-letter-exchange", ""),
-        text_arg("x-dead-letter-routing-key", over_limit),
+        harness_field_text("x-queue-type", "quorum"),
+        harness_field_int("x-delivery-limit", DELIVERY_LIMIT),
+        harness_field_text("x-dead-letter-exchange", ""),
+        harness_field_text("x-dead-letter-routing-key", over_limit),
     };
     amqp_queue_declare(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(h->queue), 0, 1, 0, 0,
                        (amqp_table_t){.num_entries = 4, .entries = args});
@@ -249,6 +233,19 @@ static void expect_each_applied_once(int events)
     cr_expect_eq(harness_summary_total(F.h.log_path, "retried"), 0);
     cr_expect_eq(over_limit_depth(), 0, "messages went over x-delivery-limit %d", DELIVERY_LIMIT);
     cr_expect_eq(harness_queue_depth(&F.h, F.h.queue), 0, "messages left in the work queue");
+}
+
+/* The schema back, a new idemq applies every event: each once, nothing over the limit. */
+static void fix_schema_and_apply_all(int events)
+{
+    fix_schema();
+    int64_t fixed = harness_now_ms();
+    start_idemq();
+    wait_applied(events, 30000);
+    int64_t apply_ms = harness_now_ms() - fixed;
+    stop_idemq();
+    cr_log_info("then all %d applied %lld ms after the fix", events, (long long)apply_ms);
+    expect_each_applied_once(events);
 }
 
 /* ---------------------------------------------------------------- reading the broker's counts */
@@ -665,14 +662,7 @@ Test(delivery_limit, shutdowns_while_paused_give_held_messages_back_uncounted, .
     cr_expect_eq(p.acquired_min, 2 * rounds, "x-acquired-count %" PRId64 "..%" PRId64 ", want %d",
                  p.acquired_min, p.acquired_max, 2 * rounds);
 
-    fix_schema();
-    int64_t fixed = harness_now_ms();
-    start_idemq();
-    wait_applied(events, 30000);
-    int64_t apply_ms = harness_now_ms() - fixed;
-    stop_idemq();
-    cr_log_info("then all %d applied %lld ms after the fix", events, (long long)apply_ms);
-    expect_each_applied_once(events);
+    fix_schema_and_apply_all(events);
     cr_expect_eq(harness_summary_total(F.h.log_path, "requeued"), (long)events * rounds);
     cr_expect_eq(harness_summary_total(F.h.log_path, "deduped"), 0);
 }
@@ -799,13 +789,6 @@ Test(delivery_limit, one_reconnect_spends_one_attempt_of_each_held_message, .tim
     cr_assert_eq(over_limit_depth(), 0);
 
     /* One attempt spent (two on 4.0, whose peek spent one more) of the limit's 2: still there. */
-    fix_schema();
-    int64_t fixed = harness_now_ms();
-    start_idemq();
-    wait_applied(events, 30000);
-    int64_t apply_ms = harness_now_ms() - fixed;
-    stop_idemq();
-    cr_log_info("then all %d applied %lld ms after the fix", events, (long long)apply_ms);
-    expect_each_applied_once(events);
+    fix_schema_and_apply_all(events);
     cr_expect_eq(harness_summary_total(F.h.log_path, "deduped"), 0);
 }

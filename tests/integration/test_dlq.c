@@ -108,13 +108,6 @@ typedef struct dead_letter_spec {
     amqp_basic_properties_t props;
 } dead_letter_spec;
 
-static void set_utf8(amqp_table_entry_t *e, const char *key, const char *value)
-{
-    e->key = amqp_cstring_bytes(key);
-    e->value.kind = AMQP_FIELD_KIND_UTF8;
-    e->value.value.bytes = amqp_cstring_bytes(value);
-}
-
 /* A dead letter like idemq writes one (DLQ copy headers), plus headers of other types a producer
  * might have set. The spec must stay in place while its props are used. */
 static void make_dead_letter(dead_letter_spec *s, int i)
@@ -131,21 +124,17 @@ static void make_dead_letter(dead_letter_spec *s, int i)
     snprintf(s->error, sizeof s->error, "illegal transition #%d", i);
     amqp_table_entry_t *h = s->headers;
     int n = 0;
-    h[n].key = amqp_cstring_bytes(HEADER_RETRIES);
-    h[n].value.kind = AMQP_FIELD_KIND_I64;
-    h[n++].value.value.i64 = i;
-    set_utf8(&h[n++], HEADER_ERROR_CLASS, "non_retryable");
-    set_utf8(&h[n++], HEADER_ERROR, s->error);
-    set_utf8(&h[n++], HEADER_HANDLER, "pay-callback");
-    set_utf8(&h[n++], HEADER_QUEUE, H.queue);
-    h[n].key = amqp_cstring_bytes(HEADER_FIRST_FAILED_AT);
-    h[n].value.kind = AMQP_FIELD_KIND_I64;
-    h[n++].value.value.i64 = 1700000000000 + i;
-    set_utf8(&h[n++], "trace-id", s->correlation_id);
+    h[n++] = harness_field_int(HEADER_RETRIES, i);
+    h[n++] = harness_field_text(HEADER_ERROR_CLASS, "non_retryable");
+    h[n++] = harness_field_text(HEADER_ERROR, s->error);
+    h[n++] = harness_field_text(HEADER_HANDLER, "pay-callback");
+    h[n++] = harness_field_text(HEADER_QUEUE, H.queue);
+    h[n++] = harness_field_int(HEADER_FIRST_FAILED_AT, 1700000000000 + i);
+    h[n++] = harness_field_text("trace-id", s->correlation_id);
     h[n].key = amqp_cstring_bytes("sampled");
     h[n].value.kind = AMQP_FIELD_KIND_BOOLEAN;
     h[n++].value.value.boolean = i % 2;
-    set_utf8(&s->nested[0], "region", "eu");
+    s->nested[0] = harness_field_text("region", "eu");
     s->nested[1].key = amqp_cstring_bytes("shard");
     s->nested[1].value.kind = AMQP_FIELD_KIND_I32;
     s->nested[1].value.value.i32 = -i;
@@ -270,21 +259,13 @@ static void create_queue(const char *queue, const char *type, const amqp_table_e
                          int extra_count)
 {
     amqp_table_entry_t entries[4];
-    set_utf8(&entries[0], "x-queue-type", type);
+    entries[0] = harness_field_text("x-queue-type", type);
     for (int i = 0; i < extra_count; i++)
         entries[1 + i] = extra[i];
     amqp_table_t args = {.num_entries = 1 + extra_count, .entries = entries};
     amqp_queue_declare(H.amqp, BROKER_CHANNEL, amqp_cstring_bytes(queue), 0, 1, 0, 0, args);
     cr_assert(amqp_get_rpc_reply(H.amqp).reply_type == AMQP_RESPONSE_NORMAL,
               "cannot create %s queue %s", type, queue);
-}
-
-static amqp_table_entry_t int_arg(const char *key, int64_t value)
-{
-    amqp_table_entry_t e = {.key = amqp_cstring_bytes(key)};
-    e.value.kind = AMQP_FIELD_KIND_I64;
-    e.value.value.i64 = value;
-    return e;
 }
 
 /* The x-delivery-count header of a delivery: -1 when absent. */
@@ -607,7 +588,7 @@ Test(dlq, old_dlq_without_delivery_limit_is_detected_and_still_lossless, .fini =
     amqp_destroy_message(&probe);
     /* The DLQ was not changed: it still has no x-delivery-limit. */
     amqp_table_entry_t quorum;
-    set_utf8(&quorum, "x-queue-type", "quorum");
+    quorum = harness_field_text("x-queue-type", "quorum");
     side_declare(dlq, 0, (amqp_table_t){.num_entries = 1, .entries = &quorum}, text, sizeof text);
     cr_assert_str_eq(text, "", "the old DLQ was changed: %s", text);
 
@@ -662,7 +643,7 @@ Test(dlq, dlq_is_unlimited_on_4x_and_plain_on_3x, .fini = teardown, .timeout = 6
     char dlq[200], text[512];
     queue_name(dlq, sizeof dlq, ".dlq");
     amqp_table_entry_t quorum;
-    set_utf8(&quorum, "x-queue-type", "quorum");
+    quorum = harness_field_text("x-queue-type", "quorum");
     side_declare(dlq, 0, (amqp_table_t){.num_entries = 1, .entries = &quorum}, text, sizeof text);
     if (major >= 4)
         cr_expect(strstr(text, "inequivalent arg 'x-delivery-limit'") &&
@@ -750,19 +731,19 @@ Test(dlq, work_queue_quorum_warning, .fini = teardown, .timeout = 60)
 
     cr_expect_eq(check_queue(".classic", "classic", NULL, 0, w, sizeof w), 0, "%s", w);
     cr_expect_str_eq(w, "");
-    amqp_table_entry_t unlimited = int_arg("x-delivery-limit", -1);
+    amqp_table_entry_t unlimited = harness_field_int("x-delivery-limit", -1);
     cr_expect_eq(check_queue(".unlimited", "quorum", &unlimited, 1, w, sizeof w), 0, "%s", w);
-    amqp_table_entry_t five = int_arg("x-delivery-limit", 5);
+    amqp_table_entry_t five = harness_field_int("x-delivery-limit", 5);
     cr_expect_eq(check_queue(".five", "quorum", &five, 1, w, sizeof w), 1);
     cr_expect(strstr(w, "x-delivery-limit=5"), "%s", w);
     /* Other arguments are repeated until the broker names x-delivery-limit (or accepts). */
-    amqp_table_entry_t ttl_unlimited[2] = {int_arg("x-max-length", 1000),
-                                           int_arg("x-delivery-limit", -1)};
+    amqp_table_entry_t ttl_unlimited[2] = {harness_field_int("x-max-length", 1000),
+                                           harness_field_int("x-delivery-limit", -1)};
     cr_expect_eq(check_queue(".ttl_unlimited", "quorum", ttl_unlimited, 2, w, sizeof w), 0, "%s",
                  w);
     amqp_table_entry_t with_dlx[2];
-    set_utf8(&with_dlx[0], "x-dead-letter-exchange", "elsewhere");
-    with_dlx[1] = int_arg("x-message-ttl", 60000);
+    with_dlx[0] = harness_field_text("x-dead-letter-exchange", "elsewhere");
+    with_dlx[1] = harness_field_int("x-message-ttl", 60000);
     cr_expect_eq(check_queue(".dlx", "quorum", with_dlx, 2, w, sizeof w), 1);
     cr_expect(strstr(w, "dead-letters it to exchange 'elsewhere'") &&
                   strstr(w, "default delivery limit (20)"),

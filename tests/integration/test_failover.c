@@ -143,9 +143,9 @@ static void suite_fini(void)
 
 TestSuite(failover, .init = suite_init, .fini = suite_fini);
 
-/* Writes to path the harness's config with every node of the cluster in amqp.urls, node
- * first_node (1-based) first and the others in their order. */
-static void write_cluster_config(harness *h, const char *path, int first_node)
+/* Writes to path the harness's config with node first_node (1-based) first in amqp.urls, then,
+ * unless only, the other nodes of the cluster in their order. */
+static void write_nodes_config(harness *h, const char *path, int first_node, bool only)
 {
     FILE *f = fopen(h->config_path, "r");
     cr_assert(f);
@@ -159,11 +159,16 @@ static void write_cluster_config(harness *h, const char *path, int first_node)
     f = fopen(path, "w");
     cr_assert(f);
     fprintf(f, "amqp: {urls: [\"%s\"", node_url[first_node - 1]);
-    for (int i = 0; i < NODES; i++)
+    for (int i = 0; i < NODES && !only; i++)
         if (i != first_node - 1)
             fprintf(f, ", \"%s\"", node_url[i]);
     fprintf(f, "], prefetch: 64, heartbeat: 10s}%s", rest);
     fclose(f);
+}
+
+static void write_cluster_config(harness *h, const char *path, int first_node)
+{
+    write_nodes_config(h, path, first_node, false);
 }
 
 /* With node `down` (1-based) dead: check reports every node, the dead one as WARN, and passes;
@@ -629,6 +634,38 @@ static bool ready_again(harness *h, void *arg)
  * prefetch window checked out for good (see broker_view; rabbitmq-server#15473 describes the
  * same orphaned unacked messages), which no client can release.
  */
+/* Whether the idemq on port `arg` says on /readyz that it is declaring its topology. */
+static bool readyz_says_declaring(harness *h, void *arg)
+{
+    (void)h;
+    char *body = NULL;
+    harness_http_get(*(int *)arg, "/readyz", &body);
+    bool declaring = body && strstr(body, "declaring the topology");
+    free(body);
+    return declaring;
+}
+
+/* A second idemq, given only `node` of a cluster without a majority: its connect is stuck
+ * declaring the topology (a binding waits 30 s for a majority). Returns how long a SIGTERM then
+ * takes to end it; its exit status into *status. */
+static int64_t sigterm_during_a_stuck_declaration(harness *h, int node, int *status)
+{
+    harness second = *h;
+    snprintf(second.config_path, sizeof second.config_path, "%s/one-node.yaml", h->dir);
+    snprintf(second.log_path, sizeof second.log_path, "%s/one-node.log", h->dir);
+    write_nodes_config(h, second.config_path, node, true);
+    pid_t pid = harness_spawn(&second);
+    int port = harness_http_port(&second, 10000);
+    bool declaring = harness_wait_for(readyz_says_declaring, &second, &port, 20000);
+    if (!declaring)
+        harness_stop(pid, SIGKILL, 5000);
+    cr_assert(declaring, "the second idemq never said it was declaring its topology (log: %s)",
+              second.log_path);
+    int64_t signalled = harness_now_ms();
+    *status = harness_stop(pid, SIGTERM, 40000);
+    return harness_now_ms() - signalled;
+}
+
 Test(failover, khepri_minority_idemq_stays_up_says_why_and_resumes_by_itself, .timeout = 420)
 {
     if (!khepri)
@@ -721,10 +758,27 @@ Test(failover, khepri_minority_idemq_stays_up_says_why_and_resumes_by_itself, .t
               "/readyz answered 200 %ld times and neither 200 nor 503 %ld times of %ld without a "
               "majority",
               w.readyz_ready, w.readyz_other, w.readyz_requests);
-    static const char why[] = "not ready: not connected to RabbitMQ: cannot connect to RabbitMQ "
-                              "node amqp://guest:***@127.0.0.1:";
-    cr_expect(strncmp(w.readyz_last, why, sizeof why - 1) == 0, "/readyz does not say why: \"%s\"",
-              w.readyz_last);
+    /* The last failure, or the attempt under way. */
+    static const char failed[] = "not ready: not connected to RabbitMQ: cannot connect to "
+                                 "RabbitMQ node amqp://guest:***@127.0.0.1:";
+    static const char declaring[] = "not ready: not connected to RabbitMQ: connected to RabbitMQ "
+                                    "node amqp://guest:***@127.0.0.1:";
+    cr_expect(strncmp(w.readyz_last, failed, sizeof failed - 1) == 0 ||
+                  (strncmp(w.readyz_last, declaring, sizeof declaring - 1) == 0 &&
+                   strstr(w.readyz_last, "declaring the topology")),
+              "/readyz does not say why: \"%s\"", w.readyz_last);
+
+    /* A shutdown does not wait for a declaration that waits for a majority. */
+    int second_status;
+    int64_t stop_took = sigterm_during_a_stuck_declaration(h, survivor, &second_status);
+    cr_log_info("SIGTERM to an idemq declaring its topology on the survivor: exited %d after "
+                "%lld ms",
+                second_status, (long long)stop_took);
+    cr_expect_eq(second_status, 0, "the idemq stopped while declaring exited %d", second_status);
+    cr_expect(stop_took < 10000,
+              "SIGTERM took %lld ms to end an idemq stuck declaring its topology: it waited for "
+              "the declaration's 30 s",
+              (long long)stop_took);
 
     /* The majority comes back (node `second`: two of three), then the last node. idemq resumes
      * by itself. */

@@ -73,13 +73,6 @@ static void teardown(void)
 
 /* ------------------------------------------------------------------------------ helpers */
 
-static void set_utf8(amqp_table_entry_t *e, const char *key, const char *value)
-{
-    e->key = amqp_cstring_bytes(key);
-    e->value.kind = AMQP_FIELD_KIND_UTF8;
-    e->value.value.bytes = amqp_cstring_bytes(value);
-}
-
 static void set_i64(amqp_table_entry_t *e, const char *key, int64_t value)
 {
     e->key = amqp_cstring_bytes(key);
@@ -173,7 +166,7 @@ static void near_frame_max(near_frame *nf, size_t target, size_t big_len, size_t
         .headers = {.num_entries = 0, .entries = nf->entries}};
     int n = 0;
     if (big_len)
-        set_utf8(&nf->entries[n++], "big", "");
+        nf->entries[n++] = harness_field_text("big", "");
     if (big_len)
         nf->entries[0].value.value.bytes = (amqp_bytes_t){.len = big_len, .bytes = filler};
     p->headers.num_entries = n;
@@ -310,7 +303,7 @@ Test(frame_max, broker_additions_fit_the_headroom, .fini = teardown, .timeout = 
         .retry = {.max_retries = 2, .base_ms = 50, .jitter_ms = 10, .max_delay_ms = 3600000}};
     /* The work queue as quorum, the worst case: it adds x-delivery-count too. */
     amqp_table_entry_t quorum;
-    set_utf8(&quorum, "x-queue-type", "quorum");
+    quorum = harness_field_text("x-queue-type", "quorum");
     amqp_queue_declare(h->amqp, BROKER_CHANNEL, amqp_cstring_bytes(long_queue), 0, 1, 0, 0,
                        (amqp_table_t){.num_entries = 1, .entries = &quorum});
     cr_assert(amqp_get_rpc_reply(h->amqp).reply_type == AMQP_RESPONSE_NORMAL);
@@ -572,14 +565,14 @@ static void make_copy(copy_spec *s, const char *order, const char *failure_id)
     snprintf(s->error, sizeof s->error, "illegal transition for %s", order);
     int n = 0;
     set_i64(&s->headers[n++], HEADER_RETRIES, 0);
-    set_utf8(&s->headers[n++], HEADER_ERROR_CLASS, "non_retryable");
-    set_utf8(&s->headers[n++], HEADER_ERROR, s->error);
-    set_utf8(&s->headers[n++], HEADER_HANDLER, "pay-callback");
-    set_utf8(&s->headers[n++], HEADER_QUEUE, F.h.queue);
+    s->headers[n++] = harness_field_text(HEADER_ERROR_CLASS, "non_retryable");
+    s->headers[n++] = harness_field_text(HEADER_ERROR, s->error);
+    s->headers[n++] = harness_field_text(HEADER_HANDLER, "pay-callback");
+    s->headers[n++] = harness_field_text(HEADER_QUEUE, F.h.queue);
     set_i64(&s->headers[n++], HEADER_FIRST_FAILED_AT, 1700000000000);
     if (failure_id) {
         snprintf(s->failure_id, sizeof s->failure_id, "%s", failure_id);
-        set_utf8(&s->headers[n++], HEADER_FAILURE_ID, s->failure_id);
+        s->headers[n++] = harness_field_text(HEADER_FAILURE_ID, s->failure_id);
     }
     s->props = (amqp_basic_properties_t){
         ._flags =

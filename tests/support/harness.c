@@ -1330,3 +1330,19 @@ long harness_summary_total(const char *log_path, const char *counter)
     fclose(f);
     return total;
 }
+
+amqp_table_entry_t harness_field_text(const char *key, const char *value)
+{
+    amqp_table_entry_t e = {.key = amqp_cstring_bytes(key)};
+    e.value.kind = AMQP_FIELD_KIND_UTF8;
+    e.value.value.bytes = amqp_cstring_bytes(value);
+    return e;
+}
+
+amqp_table_entry_t harness_field_int(const char *key, int64_t value)
+{
+    amqp_table_entry_t e = {.key = amqp_cstring_bytes(key)};
+    e.value.kind = AMQP_FIELD_KIND_I64;
+    e.value.value.i64 = value;
+    return e;
+}

@@ -55,6 +55,10 @@ typedef struct harness_options {
     const char *top_yaml;     /* appended at the top level, e.g. "dedup: {retention: 1h}\n" */
 } harness_options;
 
+/* An AMQP table entry (queue arguments, headers): key and value are borrowed. */
+amqp_table_entry_t harness_field_text(const char *key, const char *value);
+amqp_table_entry_t harness_field_int(const char *key, int64_t value);
+
 /* Creates database + orders/msg_dedup tables, a unique queue name, a config file, and an AMQP
  * connection. Fails the test (cr_assert) when the services are not reachable. */
 void harness_init(harness *h, const char *test_name, const harness_options *opts);
