@@ -47,6 +47,7 @@ struct freeze_proxy {
 
     /* Requested state and statistics, guarded by lock. */
     bool frozen, refuse, stopping;
+    bool holding_requests; /* client-to-server bytes stay where they are; replies still flow */
     char host[256];
     unsigned target_port;
     unsigned long drops;    /* drop requests so far */
@@ -180,15 +181,16 @@ static void accept_all(freeze_proxy *p, const char *host, unsigned port)
     }
 }
 
-/* The poll events pair c wants on fd[k]. */
-static short wanted(const pair *c, int k)
+/* The poll events pair c wants on fd[k]. Holding requests, the client's socket is not read
+ * (what it sent stays in the kernel) and what the proxy already read is not written upstream. */
+static short wanted(const pair *c, int k, bool holding_requests)
 {
     if (c->connecting)
         return k == 1 ? POLLOUT : 0;
     short events = 0;
-    if (!c->dir[k].eof && c->dir[k].len < BUFFER_BYTES)
+    if (!c->dir[k].eof && c->dir[k].len < BUFFER_BYTES && !(holding_requests && k == 0))
         events |= POLLIN;
-    if (c->dir[1 - k].len > 0)
+    if (c->dir[1 - k].len > 0 && !(holding_requests && k == 1))
         events |= POLLOUT;
     return events;
 }
@@ -255,6 +257,7 @@ static void *proxy_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&p->lock);
         bool frozen = p->frozen, refuse = p->refuse, stopping = p->stopping;
+        bool holding_requests = p->holding_requests;
         unsigned long drops = p->drops, request = p->requests;
         char host[sizeof p->host];
         memcpy(host, p->host, sizeof host);
@@ -307,7 +310,7 @@ static void *proxy_main(void *arg)
         for (size_t i = 0; i < p->count; i++) {
             pair *c = p->pairs[i];
             for (int k = 0; k < 2; k++) {
-                short events = frozen ? 0 : wanted(c, k);
+                short events = frozen ? 0 : wanted(c, k, holding_requests);
                 c->slot[k] = events ? (int)n : -1;
                 if (events)
                     fds[n++] = (struct pollfd){.fd = c->fd[k], .events = events};
@@ -355,6 +358,11 @@ static void request(freeze_proxy *p, void (*change)(freeze_proxy *p, const void 
 static void set_frozen(freeze_proxy *p, const void *arg)
 {
     p->frozen = *(const bool *)arg;
+}
+
+static void set_holding_requests(freeze_proxy *p, const void *arg)
+{
+    p->holding_requests = *(const bool *)arg;
 }
 
 static void set_refuse(freeze_proxy *p, const void *arg)
@@ -442,6 +450,11 @@ void freeze_proxy_thaw(freeze_proxy *p)
 {
     bool no = false;
     request(p, set_frozen, &no);
+}
+
+void freeze_proxy_hold_requests(freeze_proxy *p, bool hold)
+{
+    request(p, set_holding_requests, &hold);
 }
 
 void freeze_proxy_drop(freeze_proxy *p)

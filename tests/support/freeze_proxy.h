@@ -10,6 +10,9 @@
  *            a client that hangs up is not noticed until the thaw);
  *   thaw     carry on where the freeze stopped, nothing lost (bytes held in the proxy's buffers
  *            and the kernel's are delivered);
+ *   hold requests  stop forwarding what clients send while the server's bytes still reach
+ *            them: a client whose every write is lost on the way (its acks never reach a
+ *            broker, which keeps delivering up to its prefetch);
  *   drop     reset every open connection (RST to both sides): a crashed server, a reset network;
  *            new connections are accepted as before;
  *   target   send new connections elsewhere, e.g. to a closed port (the server is down: the
@@ -50,6 +53,11 @@ void freeze_proxy_freeze(freeze_proxy *p);
 
 /* Forwards and accepts again. Idempotent. */
 void freeze_proxy_thaw(freeze_proxy *p);
+
+/* hold: client-to-server bytes stop where they are (unread in the kernel or in the proxy's
+ * buffer) while server-to-client bytes still flow; !hold: they flow again, nothing lost.
+ * Idempotent; independent of freeze. */
+void freeze_proxy_hold_requests(freeze_proxy *p, bool hold);
 
 /* Resets (RST) every connection open now, frozen or not. */
 void freeze_proxy_drop(freeze_proxy *p);

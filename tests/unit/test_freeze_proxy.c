@@ -267,6 +267,39 @@ Test(freeze_proxy, freeze_holds_every_byte_and_every_connect_until_the_thaw)
     stop(&s);
 }
 
+Test(freeze_proxy, holding_requests_stops_only_what_the_client_sends)
+{
+    setup s;
+    start(&s);
+    int client = connect_loopback(freeze_proxy_port(s.proxy));
+    cr_assert(client >= 0);
+    int server = accept_within(s.listener, DEADLINE_MS);
+
+    freeze_proxy_hold_requests(s.proxy, true);
+    freeze_proxy_hold_requests(s.proxy, true); /* idempotent */
+    send_all(client, "ack-1", 5);
+    /* The server's side still reaches the client while the client's writes are held: what a
+     * broker that keeps delivering, but never hears an ack, looks like. */
+    send_all(server, "delivery", 8);
+    expect_text(client, "delivery");
+    cr_assert(!readable_within(server, SILENCE_MS), "a held byte reached the server");
+    send_all(client, "ack-2", 5);
+    cr_assert_eq(freeze_proxy_connections(s.proxy), 1, "the held connection must stay open");
+
+    freeze_proxy_hold_requests(s.proxy, false);
+    expect_text(server, "ack-1ack-2");
+
+    /* Held bytes a drop finds are never delivered: the server sees a reset instead. */
+    freeze_proxy_hold_requests(s.proxy, true);
+    send_all(client, "lost", 4);
+    freeze_proxy_drop(s.proxy);
+    cr_assert_eq(wait_closed(server), ECONNRESET, "the server should see a reset, not \"lost\"");
+    cr_assert_eq(wait_closed(client), ECONNRESET);
+    close(client);
+    close(server);
+    stop(&s);
+}
+
 Test(freeze_proxy, drop_resets_both_ends_and_accepts_again)
 {
     setup s;
