@@ -28,6 +28,7 @@
 #include "ops/log.h"
 #include "policy/backoff.h"
 #include "util/rng.h"
+#include "util/monotonic.h"
 
 #define CONSUMER_TAG_PREFIX "idemq-"
 
@@ -170,12 +171,6 @@ struct broker_session {
     command *held_head, *held_tail; /* publishes waiting for connection.unblocked */
 };
 
-static int64_t monotonic_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- the queues ---------------------------------------------------------------------------- */
 

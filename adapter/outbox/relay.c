@@ -30,6 +30,7 @@
 #include "outbox/relay_publish.h"
 #include "policy/backoff.h"
 #include "util/rng.h"
+#include "util/monotonic.h"
 
 #define DEFAULT_BATCH 2048
 #define DEFAULT_POLL_MS 1000
@@ -93,12 +94,6 @@ static void copy_text(char *dst, size_t cap, const char *src)
     dst[n] = '\0';
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static bool is_stopping(outbox_relay *r)
 {
@@ -151,7 +146,7 @@ static void set_error(outbox_relay *r, const char *text)
 static void report(outbox_relay *r, const char *text)
 {
     set_error(r, text);
-    int64_t now = now_ms();
+    int64_t now = monotonic_ms();
     if (strcmp(text, r->last_logged) == 0 && now - r->last_logged_ms < 30000)
         return;
     copy_text(r->last_logged, sizeof r->last_logged, text);
@@ -188,7 +183,7 @@ static void db_down(outbox_relay *r, const char *text)
     report(r, text);
     close_db(r);
     set_leader(r, false, "the database connection failed");
-    r->next_db_ms = now_ms() + (int64_t)backoff(r, r->db_failures++);
+    r->next_db_ms = monotonic_ms() + (int64_t)backoff(r, r->db_failures++);
     publish_fds(r);
 }
 
@@ -214,7 +209,7 @@ static void amqp_down(outbox_relay *r, const char *text)
     snprintf(line, sizeof line, "RabbitMQ: %s", text);
     report(r, line);
     relay_broker_close(&r->broker); /* dropped already after an error: a no-op then */
-    r->next_amqp_ms = now_ms() + (int64_t)backoff(r, r->amqp_failures++);
+    r->next_amqp_ms = monotonic_ms() + (int64_t)backoff(r, r->amqp_failures++);
     publish_fds(r);
 }
 
@@ -240,7 +235,7 @@ static bool lease_step(outbox_relay *r)
 {
     char err[1024];
     bool leader = false;
-    int64_t start = now_ms();
+    int64_t start = monotonic_ms();
     if (relay_db_lease(r->db, r->owner, r->lease_ms, &leader, err, sizeof err) != 0) {
         db_down(r, err);
         return false;
@@ -251,7 +246,7 @@ static bool lease_step(outbox_relay *r)
     uint64_t every = r->lease_ms / 3;
     if (!leader && r->poll_ms < every)
         every = r->poll_ms;
-    r->next_lease_ms = now_ms() + (int64_t)(every ? every : 1);
+    r->next_lease_ms = monotonic_ms() + (int64_t)(every ? every : 1);
     return true;
 }
 
@@ -261,12 +256,12 @@ static bool round_tick(void *ctx)
 {
     outbox_relay *r = ctx;
     uv_mutex_lock(&r->lock);
-    bool give_up = r->stopping && now_ms() - r->stop_ms > STOP_CONFIRMS_MS;
-    r->progress_ms = now_ms(); /* waiting for confirms is progress, not a hang */
+    bool give_up = r->stopping && monotonic_ms() - r->stop_ms > STOP_CONFIRMS_MS;
+    r->progress_ms = monotonic_ms(); /* waiting for confirms is progress, not a hang */
     uv_mutex_unlock(&r->lock);
     if (give_up)
         return false;
-    if (r->db && now_ms() >= r->next_lease_ms)
+    if (r->db && monotonic_ms() >= r->next_lease_ms)
         lease_step(r); /* losing the lease now: the rows in flight are still marked */
     return true;
 }
@@ -282,17 +277,17 @@ static bool run_round(outbox_relay *r)
     size_t count = 0;
     bool again = false;
     r->scan_wanted = false;
-    int64_t started = now_ms();
+    int64_t started = monotonic_ms();
     if (relay_db_fetch(r->db, r->batch, &rows, &count, err, sizeof err) != 0) {
         db_down(r, err);
         return false;
     }
     if (count == 0)
         return false;
-    int64_t fetched = now_ms();
+    int64_t fetched = monotonic_ms();
     int rc = relay_broker_publish(&r->broker, rows, count, CONFIRM_TIMEOUT_MS, round_tick, r, err,
                                   sizeof err);
-    int64_t confirmed = now_ms();
+    int64_t confirmed = monotonic_ms();
     bool broker_failed = rc != 0;
     size_t unknown = 0, nacked = 0;
     for (size_t i = 0; i < count; i++) {
@@ -314,7 +309,7 @@ static bool run_round(outbox_relay *r)
         log_debug(LOG_NO_CONTEXT,
                   "outbox relay: round of %zu row(s): fetch %" PRId64 " ms, publish and confirms "
                   "%" PRId64 " ms, mark %" PRId64 " ms",
-                  count, fetched - started, confirmed - fetched, now_ms() - confirmed);
+                  count, fetched - started, confirmed - fetched, monotonic_ms() - confirmed);
     for (size_t i = 0; i < count; i++) {
         if (rows[i].outcome == RELAY_ROW_UNROUTABLE)
             log_warn(LOG_NO_CONTEXT,
@@ -342,7 +337,7 @@ static bool run_round(outbox_relay *r)
                 report(r, line);
                 break;
             }
-        r->nack_until_ms = now_ms() + (int64_t)backoff(r, r->nack_rounds++);
+        r->nack_until_ms = monotonic_ms() + (int64_t)backoff(r, r->nack_rounds++);
         r->scan_wanted = true;
     } else if (!broker_failed) {
         r->nack_rounds = 0;
@@ -378,7 +373,7 @@ static void count_pending(outbox_relay *r)
     uv_mutex_lock(&r->lock);
     r->stats.pending = pending;
     r->stats.oldest_pending_s = oldest;
-    r->stats_ms = now_ms();
+    r->stats_ms = monotonic_ms();
     uv_mutex_unlock(&r->lock);
 }
 
@@ -407,7 +402,7 @@ static bool drain_wake(outbox_relay *r)
 /* Sleeps until notified, the AMQP socket is readable, or until (at most TICK_MS). */
 static void wait_until(outbox_relay *r, int64_t until)
 {
-    int64_t wait = until - now_ms();
+    int64_t wait = until - monotonic_ms();
     if (wait > TICK_MS)
         wait = TICK_MS;
     if (wait < 0)
@@ -434,7 +429,7 @@ static void relay_main(void *arg)
     char err[1024];
     mysql_thread_init();
     while (!is_stopping(r)) {
-        int64_t now = now_ms();
+        int64_t now = monotonic_ms();
         if (drain_wake(r) || now >= r->next_scan_ms)
             r->scan_wanted = true;
         if (!r->db && now >= r->next_db_ms)
@@ -453,20 +448,20 @@ static void relay_main(void *arg)
             amqp_down(r, err);
         bool again = false;
         if (r->scan_wanted && r->leader && r->db && r->broker.conn &&
-            now_ms() >= r->nack_until_ms) {
+            monotonic_ms() >= r->nack_until_ms) {
             again = run_round(r);
-            r->next_scan_ms = now_ms() + (int64_t)r->poll_ms;
+            r->next_scan_ms = monotonic_ms() + (int64_t)r->poll_ms;
         }
-        if (r->db && now_ms() >= r->next_stats_ms) {
+        if (r->db && monotonic_ms() >= r->next_stats_ms) {
             count_pending(r);
-            r->next_stats_ms = now_ms() + STATS_EVERY_MS;
+            r->next_stats_ms = monotonic_ms() + STATS_EVERY_MS;
         }
-        if (r->db && r->leader && r->retention_ms && now_ms() >= r->next_sweep_ms) {
+        if (r->db && r->leader && r->retention_ms && monotonic_ms() >= r->next_sweep_ms) {
             sweep(r);
-            r->next_sweep_ms = now_ms() + SWEEP_EVERY_MS;
+            r->next_sweep_ms = monotonic_ms() + SWEEP_EVERY_MS;
         }
         uv_mutex_lock(&r->lock);
-        r->progress_ms = now_ms();
+        r->progress_ms = monotonic_ms();
         uv_mutex_unlock(&r->lock);
         if (again)
             continue;
@@ -547,7 +542,7 @@ int outbox_relay_start(const config *cfg, const db_dsn *dsn, const char *owner, 
         snprintf(err, err_len, "outbox relay: cannot create a condition variable");
         goto fail_mutex;
     }
-    r->progress_ms = now_ms();
+    r->progress_ms = monotonic_ms();
     db_library_init(); /* before the thread: mysql_library_init is not thread-safe */
     int rc = uv_thread_create(&r->thread, relay_main, r);
     if (rc != 0) {
@@ -579,7 +574,7 @@ void outbox_relay_notify(outbox_relay *r)
 
 void outbox_relay_read(outbox_relay *r, outbox_relay_stats *out)
 {
-    int64_t now = now_ms();
+    int64_t now = monotonic_ms();
     uv_mutex_lock(&r->lock);
     *out = r->stats;
     if (out->pending && r->stats_ms)
@@ -592,7 +587,7 @@ bool outbox_relay_stuck(outbox_relay *r, char *reason, size_t reason_len)
     outbox_relay_stats s;
     outbox_relay_read(r, &s);
     uv_mutex_lock(&r->lock);
-    int64_t since_progress = now_ms() - r->progress_ms;
+    int64_t since_progress = monotonic_ms() - r->progress_ms;
     bool exited = r->exited;
     uv_mutex_unlock(&r->lock);
     const char *last = s.last_error[0] ? s.last_error : "none";
@@ -634,11 +629,11 @@ void outbox_relay_stop(outbox_relay *r)
         return;
     uv_mutex_lock(&r->lock);
     r->stopping = true;
-    r->stop_ms = now_ms();
+    r->stop_ms = monotonic_ms();
     uv_mutex_unlock(&r->lock);
     outbox_relay_notify(r);
     uv_mutex_lock(&r->lock);
-    for (int64_t now = now_ms(); !r->exited && now - r->stop_ms < STOP_FORCE_MS; now = now_ms())
+    for (int64_t now = monotonic_ms(); !r->exited && now - r->stop_ms < STOP_FORCE_MS; now = monotonic_ms())
         uv_cond_timedwait(&r->exited_cond, &r->lock,
                           (uint64_t)(STOP_FORCE_MS - (now - r->stop_ms)) * 1000000u);
     if (!r->exited) {

@@ -16,6 +16,7 @@
 #include "config/url.h"
 #include "ops/log.h"
 #include "outbox/relay.h"
+#include "util/monotonic.h"
 
 /* Exchanges remembered per connection; beyond this each is checked every round. */
 #define KNOWN_MAX 1024
@@ -37,12 +38,6 @@ __attribute__((format(printf, 3, 4))) static void text(char *buf, size_t len, co
     va_end(ap);
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void relay_broker_init(relay_broker *b, const config *cfg)
 {
@@ -527,9 +522,9 @@ int relay_broker_publish(relay_broker *b, relay_row *rows, size_t count,
         if (b->channel_reopened)
             break; /* the rest goes out next round, in order behind the rows the close swallowed */
     }
-    int64_t start = now_ms(), next_tick = start + TICK_MS;
+    int64_t start = monotonic_ms(), next_tick = start + TICK_MS;
     while (b->confirms.pending) {
-        int64_t now = now_ms();
+        int64_t now = monotonic_ms();
         if (now - start >= (int64_t)confirm_timeout_ms) {
             text(err, err_len, "no publisher confirm within %" PRIu64 " ms for %zu message(s)",
                  confirm_timeout_ms, b->confirms.pending);

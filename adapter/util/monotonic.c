@@ -1,0 +1,13 @@
+/*
+ * monotonic — see monotonic.h. Thread affinity: any.
+ */
+#include "util/monotonic.h"
+
+#include <time.h>
+
+int64_t monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
