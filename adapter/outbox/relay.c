@@ -32,10 +32,6 @@
 #include "util/rng.h"
 #include "util/monotonic.h"
 
-#define DEFAULT_BATCH 2048
-#define DEFAULT_POLL_MS 1000
-#define DEFAULT_LEASE_MS 10000
-#define DEFAULT_STUCK_MS 60000
 #define CONFIRM_TIMEOUT_MS 10000
 #define STATS_EVERY_MS 1000
 #define SWEEP_EVERY_MS 10000
@@ -491,11 +487,6 @@ static void relay_main(void *arg)
 
 /* -------------------------------------------------------------------------------- owner's side */
 
-static uint64_t or_default(uint64_t value, uint64_t fallback)
-{
-    return value ? value : fallback;
-}
-
 int outbox_relay_start(const config *cfg, const db_dsn *dsn, const char *owner, outbox_relay **out,
                        char *err, size_t err_len)
 {
@@ -509,6 +500,12 @@ int outbox_relay_start(const config *cfg, const db_dsn *dsn, const char *owner, 
         snprintf(err, err_len, "outbox relay: no amqp url");
         return -1;
     }
+    if (!cfg->outbox.batch || !cfg->outbox.poll_interval_ms || !cfg->outbox.lease_ms ||
+        !cfg->outbox.stuck_after_ms) {
+        snprintf(err, err_len, "outbox relay: the config's outbox batch, poll_interval, lease and "
+                               "stuck_after must all be set");
+        return -1;
+    }
     outbox_relay *r = calloc(1, sizeof *r);
     if (!r) {
         snprintf(err, err_len, "outbox relay: out of memory");
@@ -517,11 +514,13 @@ int outbox_relay_start(const config *cfg, const db_dsn *dsn, const char *owner, 
     r->cfg = cfg;
     r->dsn = *dsn;
     snprintf(r->owner, sizeof r->owner, "%s", owner);
-    r->batch = cfg->outbox.batch ? cfg->outbox.batch : DEFAULT_BATCH;
-    r->poll_ms = or_default(cfg->outbox.poll_interval_ms, DEFAULT_POLL_MS);
-    r->lease_ms = or_default(cfg->outbox.lease_ms, DEFAULT_LEASE_MS);
+    /* The defaults and bounds are the config table's (config/options.c): a config that did not
+     * come from config_load must set every outbox field. */
+    r->batch = cfg->outbox.batch;
+    r->poll_ms = cfg->outbox.poll_interval_ms;
+    r->lease_ms = cfg->outbox.lease_ms;
     r->retention_ms = cfg->outbox.retention_ms;
-    r->stuck_ms = or_default(cfg->outbox.stuck_after_ms, DEFAULT_STUCK_MS);
+    r->stuck_ms = cfg->outbox.stuck_after_ms;
     const char *kill = getenv(OUTBOX_RELAY_KILL_ENV);
     r->kill_after = kill && *kill ? strtoul(kill, NULL, 10) : 0;
     r->db_fd = r->amqp_fd = -1;
