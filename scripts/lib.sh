@@ -167,6 +167,28 @@ show_tail() {
   done
 }
 
+# missing_build_deps: one line for each thing that building idemq and its tests needs (a command,
+# or a pkg-config module of CMakeLists.txt) and that this machine lacks, with the Debian package
+# that has it (scripts/setup installs them all). Prints nothing when everything is there.
+missing_build_deps() {
+  local c m one ok alts
+  for c in cmake:cmake make:make cc:gcc pkg-config:pkg-config; do
+    command -v "${c%%:*}" >/dev/null 2>&1 || printf 'command %s (Debian package %s)\n' "${c%%:*}" "${c#*:}"
+  done
+  command -v pkg-config >/dev/null 2>&1 || return 0
+  for m in librabbitmq:librabbitmq-dev mysqlclient:default-libmysqlclient-dev \
+    'msgpack-c|msgpack:libmsgpack-dev' libuv:libuv1-dev jansson:libjansson-dev yaml-0.1:libyaml-dev \
+    libssl:libssl-dev libcrypto:libssl-dev criterion:libcriterion-dev; do
+    ok=0
+    IFS='|' read -ra alts <<<"${m%%:*}"
+    for one in "${alts[@]}"; do
+      pkg-config --exists "$one" && ok=1
+    done
+    ((ok)) || printf 'pkg-config module %s (Debian package %s)\n' "${m%%:*}" "${m#*:}"
+  done
+  return 0
+}
+
 # ---------------------------------------------------------------------------------------------
 # Where the servers keep their data.
 #
