@@ -68,6 +68,7 @@ struct store_pool {
     store_worker *workers;
     size_t worker_count;
     size_t sessions_initialised;          /* sessions to close (may exceed workers started) */
+    int sync_initialised; /* lock, work_available, batch_grew: how many were set up (to destroy) */
 };
 
 static uint64_t now_ns(void)
@@ -303,9 +304,12 @@ static void free_pool_memory(store_pool *pool)
     for (size_t i = 0; pool->workers && i < pool->cfg->workers; i++)
         free(pool->workers[i].batch);
     free(pool->workers);
-    uv_cond_destroy(&pool->batch_grew);
-    uv_cond_destroy(&pool->work_available);
-    uv_mutex_destroy(&pool->lock);
+    if (pool->sync_initialised >= 3)
+        uv_cond_destroy(&pool->batch_grew);
+    if (pool->sync_initialised >= 2)
+        uv_cond_destroy(&pool->work_available);
+    if (pool->sync_initialised >= 1)
+        uv_mutex_destroy(&pool->lock);
     free(pool);
 }
 
@@ -344,9 +348,15 @@ int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *e
     pool->batch_max = cfg->batch ? cfg->batch : 1;
     pool->linger_ns = (uint64_t)cfg->batch_linger_ms * 1000000u;
     atomic_init(&pool->commits_until_kill, kill_after_commits());
-    uv_mutex_init(&pool->lock);
-    uv_cond_init(&pool->work_available);
-    uv_cond_init(&pool->batch_grew);
+    if (uv_mutex_init(&pool->lock) != 0)
+        goto fail;
+    pool->sync_initialised = 1;
+    if (uv_cond_init(&pool->work_available) != 0)
+        goto fail;
+    pool->sync_initialised = 2;
+    if (uv_cond_init(&pool->batch_grew) != 0)
+        goto fail;
+    pool->sync_initialised = 3;
     pool->worker_count = cfg->workers;
     pool->workers = calloc(pool->worker_count, sizeof *pool->workers);
     if (!pool->workers)

@@ -185,8 +185,17 @@ int retention_start(const config *cfg, retention **out, char *err, size_t err_le
     /* Before the job's thread starts: its first call into the client is mysql_thread_init. */
     db_library_init();
     atomic_init(&job->stopping, false);
-    uv_mutex_init(&job->lock);
-    uv_cond_init(&job->wake);
+    if (uv_mutex_init(&job->lock) != 0) {
+        snprintf(err, err_len, "cannot create the retention thread's lock");
+        free(job);
+        return -1;
+    }
+    if (uv_cond_init(&job->wake) != 0) {
+        snprintf(err, err_len, "cannot create the retention thread's condition variable");
+        uv_mutex_destroy(&job->lock);
+        free(job);
+        return -1;
+    }
     int rc = uv_thread_create(&job->thread, job_main, job);
     if (rc != 0) {
         snprintf(err, err_len, "cannot start the retention thread: %s", uv_strerror(rc));
