@@ -1,5 +1,7 @@
 /*
- * main — argv, config loading and dispatch to a subcommand. No logic lives here.
+ * main — argv, config loading and dispatch to a subcommand. No logic lives here: each command
+ * declares its verbs and options in `commands`, so an option it does not take is refused by
+ * name rather than silently ignored.
  * Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration problem.
  */
 #include <errno.h>
@@ -56,174 +58,310 @@ static int usage_error(const char *message)
     return EXIT_USAGE;
 }
 
+/* ---- options: every one idemq knows, and which command declares which ---------------------- */
+
+typedef enum option_bit {
+    OPT_DRY_RUN = 1u << 0,
+    OPT_QUEUE = 1u << 1,
+    OPT_LIMIT = 1u << 2,
+    OPT_BIZ_KEY = 1u << 3,
+    OPT_ALL = 1u << 4,
+    OPT_JSON = 1u << 5,
+    OPT_YES = 1u << 6,
+    OPT_STATE = 1u << 7,
+    OPT_ID = 1u << 8,
+    OPT_UNROUTABLE = 1u << 9,
+    OPT_PUBLISHED = 1u << 10,
+    OPT_OLDER_THAN = 1u << 11,
+} option_bit;
+
+/* getopt_long's table; .val indexes option_bits (-c and -h, every command's, are 'c' and 'h'). */
+static const struct option long_options[] = {
+    {"config", required_argument, NULL, 'c'},
+    {"help", no_argument, NULL, 'h'},
+    {"dry-run", no_argument, NULL, 0},
+    {"queue", required_argument, NULL, 1},
+    {"limit", required_argument, NULL, 2},
+    {"biz-key", required_argument, NULL, 3},
+    {"all", no_argument, NULL, 4},
+    {"json", no_argument, NULL, 5},
+    {"yes", no_argument, NULL, 6},
+    {"state", required_argument, NULL, 7},
+    {"id", required_argument, NULL, 8},
+    {"unroutable", no_argument, NULL, 9},
+    {"published", no_argument, NULL, 10},
+    {"older-than", required_argument, NULL, 11},
+    {NULL, 0, NULL, 0},
+};
+
+/* What the command line said, for whichever command runs. */
+typedef struct command_line {
+    const char *config_path;
+    bool dry_run;
+    dlq_options dlq;
+    outbox_options outbox;
+    unsigned long long *ids; /* --id values (owned); outbox.ids points here */
+} command_line;
+
+typedef struct command_spec {
+    const char *name;
+    const char *const *actions; /* its verbs (dlq list ...), NULL-terminated; NULL: none */
+    const char *actions_problem;
+    unsigned options; /* option_bit: what it accepts besides -c and -h */
+    /* Sets the verb's action (index into actions); NULL when the command has none. */
+    void (*set_action)(command_line *line, int action);
+    /* Why the options together are wrong (a static string), or NULL; NULL: no such check. */
+    const char *(*options_problem)(const command_line *line);
+    int (*run)(const config *cfg, const command_line *line);
+} command_spec;
+
+static int run_run(const config *cfg, const command_line *line)
+{
+    (void)line;
+    return cli_run(cfg);
+}
+
+static int run_check(const config *cfg, const command_line *line)
+{
+    (void)line;
+    return cli_check(cfg);
+}
+
+static int run_migrate(const config *cfg, const command_line *line)
+{
+    (void)line;
+    return cli_migrate(cfg);
+}
+
+static int run_topology(const config *cfg, const command_line *line)
+{
+    return cli_topology(cfg, line->dry_run);
+}
+
+static int run_dlq(const config *cfg, const command_line *line)
+{
+    return cli_dlq(cfg, &line->dlq);
+}
+
+static int run_outbox(const config *cfg, const command_line *line)
+{
+    return cli_outbox(cfg, &line->outbox);
+}
+
+static void set_dlq_action(command_line *line, int action)
+{
+    static const dlq_action actions[] = {DLQ_LIST, DLQ_REPLAY, DLQ_PURGE};
+    line->dlq.action = actions[action];
+}
+
+static void set_outbox_action(command_line *line, int action)
+{
+    static const outbox_action actions[] = {OUTBOX_LIST, OUTBOX_RETRY, OUTBOX_PURGE};
+    line->outbox.action = actions[action];
+}
+
+static const char *outbox_options_problem(const command_line *line)
+{
+    return cli_outbox_usage_problem(&line->outbox);
+}
+
+static const char *const list_replay_purge[] = {"list", "replay", "purge", NULL};
+static const char *const list_retry_purge[] = {"list", "retry", "purge", NULL};
+
+static const command_spec commands[] = {
+    {.name = "run", .run = run_run},
+    {.name = "check", .run = run_check},
+    {.name = "migrate", .run = run_migrate},
+    {.name = "topology", .options = OPT_DRY_RUN, .run = run_topology},
+    {.name = "dlq",
+     .actions = list_replay_purge,
+     .actions_problem = "dlq needs list, replay or purge",
+     .options = OPT_QUEUE | OPT_LIMIT | OPT_BIZ_KEY | OPT_ALL | OPT_JSON | OPT_YES,
+     .set_action = set_dlq_action,
+     .run = run_dlq},
+    {.name = "outbox",
+     .actions = list_retry_purge,
+     .actions_problem = "outbox needs list, retry or purge",
+     .options = OPT_LIMIT | OPT_JSON | OPT_YES | OPT_STATE | OPT_ID | OPT_UNROUTABLE |
+                OPT_PUBLISHED | OPT_OLDER_THAN,
+     .set_action = set_outbox_action,
+     .options_problem = outbox_options_problem,
+     .run = run_outbox},
+};
+
+/* Applies option `index` (long_options' .val) with arg. Returns NULL, or why arg is wrong. */
+static const char *apply_option(command_line *line, int index, const char *arg)
+{
+    switch ((option_bit)(1u << index)) {
+    case OPT_DRY_RUN:
+        line->dry_run = true;
+        break;
+    case OPT_QUEUE:
+        line->dlq.queue = arg;
+        break;
+    case OPT_BIZ_KEY:
+        line->dlq.biz_key = arg;
+        break;
+    case OPT_ALL:
+        line->dlq.all = true;
+        break;
+    case OPT_JSON:
+        line->dlq.json = line->outbox.json = true;
+        break;
+    case OPT_YES:
+        line->dlq.yes = line->outbox.yes = true;
+        break;
+    case OPT_LIMIT: {
+        char *end = NULL;
+        long long limit = strtoll(arg, &end, 10);
+        if (!end || *end || limit < 1)
+            return "--limit takes a positive number";
+        line->dlq.limit = line->outbox.limit = (size_t)limit;
+        break;
+    }
+    case OPT_STATE:
+        if (cli_outbox_parse_states(arg, &line->outbox.states) != 0)
+            return "--state takes pending, unroutable, published or all (or a comma-separated "
+                   "list)";
+        break;
+    case OPT_ID: {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long id = strtoull(arg, &end, 10);
+        if (arg[0] < '0' || arg[0] > '9' || !end || *end || errno || id < 1 ||
+            id > (unsigned long long)INT64_MAX)
+            return "--id takes a row id (a positive number)";
+        line->ids[line->outbox.id_count++] = id;
+        break;
+    }
+    case OPT_UNROUTABLE:
+        line->outbox.unroutable = true;
+        break;
+    case OPT_PUBLISHED:
+        line->outbox.published = true;
+        break;
+    case OPT_OLDER_THAN: {
+        uint64_t ms = 0;
+        if (config_parse_duration(arg, &ms) != 0)
+            return "--older-than takes a duration such as 30s, 12h or 7d";
+        line->outbox.older_than_set = true;
+        line->outbox.older_than_ms = ms;
+        break;
+    }
+    }
+    return NULL;
+}
+
+/* Parses argv[first..] for command c into line. Returns NULL, or the usage problem (in buf
+ * when it names an option). *help is set by -h/--help. */
+static const char *parse_options(const command_spec *c, int argc, char **argv, int first,
+                                 command_line *line, bool *help, char *buf, size_t buf_len)
+{
+    optind = first;
+    int opt, long_index = -1;
+    while ((opt = getopt_long(argc, argv, "c:h", long_options, &long_index)) != -1) {
+        if (opt == 'c') {
+            line->config_path = optarg;
+        } else if (opt == 'h') {
+            *help = true;
+            return NULL;
+        } else if (opt >= 0 && opt < 12) {
+            if (!(c->options & (1u << opt))) {
+                snprintf(buf, buf_len, "--%s is not an option of %s", long_options[long_index].name,
+                         c->name);
+                return buf;
+            }
+            const char *problem = apply_option(line, opt, optarg);
+            if (problem)
+                return problem;
+        } else {
+            return "bad option";
+        }
+        long_index = -1;
+    }
+    if (optind < argc)
+        return "unexpected argument";
+    if (c->options_problem) {
+        const char *problem = c->options_problem(line);
+        if (problem)
+            return problem;
+    }
+    if (!line->config_path)
+        return "no config file: pass -c FILE or set IDEMQ_CONFIG";
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
-    static const struct option long_options[] = {
-        {"config", required_argument, NULL, 'c'}, {"dry-run", no_argument, NULL, 'd'},
-        {"queue", required_argument, NULL, 'q'},  {"limit", required_argument, NULL, 'l'},
-        {"biz-key", required_argument, NULL, 'k'}, {"all", no_argument, NULL, 'a'},
-        {"json", no_argument, NULL, 'j'},         {"yes", no_argument, NULL, 'y'},
-        {"help", no_argument, NULL, 'h'},         {"state", required_argument, NULL, 's'},
-        {"id", required_argument, NULL, 'i'},     {"unroutable", no_argument, NULL, 'u'},
-        {"published", no_argument, NULL, 'p'},    {"older-than", required_argument, NULL, 'o'},
-        {NULL, 0, NULL, 0},
-    };
     if (argc < 2)
         return usage_error("missing command");
-    const char *command = argv[1];
-    if (strcmp(command, "help") == 0 && argc == 3 && strcmp(argv[2], "config") == 0) {
+    const char *name = argv[1];
+    if (strcmp(name, "help") == 0 && argc == 3 && strcmp(argv[2], "config") == 0) {
         config_write_reference(stdout);
         return 0;
     }
-    if (strcmp(command, "help") == 0 || strcmp(command, "--help") == 0 ||
-        strcmp(command, "-h") == 0) {
+    if (strcmp(name, "help") == 0 || strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
         usage(stdout);
         return 0;
     }
-    if (strcmp(command, "version") == 0 || strcmp(command, "--version") == 0) {
+    if (strcmp(name, "version") == 0 || strcmp(name, "--version") == 0) {
         printf("idemq %s\n", IDEMQ_VERSION);
         return 0;
     }
-
-    int first_option = 2;
-    dlq_options dlq = {0};
-    outbox_options outbox = {0};
-    bool is_outbox = strcmp(command, "outbox") == 0;
-    if (strcmp(command, "dlq") == 0) {
-        if (argc < 3)
-            return usage_error("dlq needs list, replay or purge");
-        if (strcmp(argv[2], "list") == 0)
-            dlq.action = DLQ_LIST;
-        else if (strcmp(argv[2], "replay") == 0)
-            dlq.action = DLQ_REPLAY;
-        else if (strcmp(argv[2], "purge") == 0)
-            dlq.action = DLQ_PURGE;
-        else
-            return usage_error("dlq needs list, replay or purge");
-        first_option = 3;
-    } else if (is_outbox) {
-        if (argc < 3)
-            return usage_error("outbox needs list, retry or purge");
-        if (strcmp(argv[2], "list") == 0)
-            outbox.action = OUTBOX_LIST;
-        else if (strcmp(argv[2], "retry") == 0)
-            outbox.action = OUTBOX_RETRY;
-        else if (strcmp(argv[2], "purge") == 0)
-            outbox.action = OUTBOX_PURGE;
-        else
-            return usage_error("outbox needs list, retry or purge");
-        first_option = 3;
-    } else if (strcmp(command, "run") != 0 && strcmp(command, "check") != 0 &&
-               strcmp(command, "migrate") != 0 && strcmp(command, "topology") != 0) {
-        fprintf(stderr, "idemq: unknown command '%s'\n\n", command);
+    const command_spec *c = NULL;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(name, commands[i].name) == 0)
+            c = &commands[i];
+    if (!c) {
+        fprintf(stderr, "idemq: unknown command '%s'\n\n", name);
         usage(stderr);
         return EXIT_USAGE;
     }
 
     /* --id may repeat: never more of them than arguments. Freed on every path below (a leak
      * would fail the ASan runs of the usage-error tests). */
-    unsigned long long *ids = calloc((size_t)argc, sizeof *ids);
-    if (!ids) {
+    command_line line = {.config_path = getenv("IDEMQ_CONFIG")};
+    line.ids = calloc((size_t)argc, sizeof *line.ids);
+    if (!line.ids) {
         fprintf(stderr, "idemq: out of memory\n");
         return 1;
     }
-    outbox.ids = ids;
+    line.outbox.ids = line.ids;
+    int first_option = 2;
     const char *problem = NULL;
-    const char *config_path = getenv("IDEMQ_CONFIG");
-    bool dry_run = false;
-    bool not_outbox = false, outbox_only = false; /* options of other commands, of outbox */
-    optind = first_option;
-    int opt;
-    while (!problem && (opt = getopt_long(argc, argv, "c:h", long_options, NULL)) != -1) {
-        switch (opt) {
-        case 'c': config_path = optarg; break;
-        case 'd': dry_run = true; not_outbox = true; break;
-        case 'q': dlq.queue = optarg; not_outbox = true; break;
-        case 'k': dlq.biz_key = optarg; not_outbox = true; break;
-        case 'a': dlq.all = true; not_outbox = true; break;
-        case 'j': dlq.json = outbox.json = true; break;
-        case 'y': dlq.yes = outbox.yes = true; break;
-        case 'l': {
-            char *end = NULL;
-            long long limit = strtoll(optarg, &end, 10);
-            if (!end || *end || limit < 1) {
-                problem = "--limit takes a positive number";
-                break;
+    if (c->actions) {
+        problem = c->actions_problem;
+        for (int i = 0; argc > 2 && c->actions[i]; i++)
+            if (strcmp(argv[2], c->actions[i]) == 0) {
+                c->set_action(&line, i);
+                problem = NULL;
+                first_option = 3;
             }
-            dlq.limit = outbox.limit = (size_t)limit;
-            break;
-        }
-        case 's':
-            outbox_only = true;
-            if (cli_outbox_parse_states(optarg, &outbox.states) != 0)
-                problem = "--state takes pending, unroutable, published or all (or a "
-                          "comma-separated list)";
-            break;
-        case 'i': {
-            outbox_only = true;
-            char *end = NULL;
-            errno = 0;
-            unsigned long long id = strtoull(optarg, &end, 10);
-            if (optarg[0] < '0' || optarg[0] > '9' || !end || *end || errno || id < 1 ||
-                id > (unsigned long long)INT64_MAX)
-                problem = "--id takes a row id (a positive number)";
-            else
-                ids[outbox.id_count++] = id;
-            break;
-        }
-        case 'u': outbox.unroutable = true; outbox_only = true; break;
-        case 'p': outbox.published = true; outbox_only = true; break;
-        case 'o': {
-            outbox_only = true;
-            uint64_t ms = 0;
-            if (config_parse_duration(optarg, &ms) != 0)
-                problem = "--older-than takes a duration such as 30s, 12h or 7d";
-            outbox.older_than_set = true;
-            outbox.older_than_ms = ms;
-            break;
-        }
-        case 'h': free(ids); usage(stdout); return 0;
-        default: problem = "bad option"; break;
-        }
     }
-    if (!problem && optind < argc)
-        problem = "unexpected argument";
-    if (!problem && is_outbox && not_outbox)
-        problem = "--queue, --biz-key, --all and --dry-run are not options of outbox";
-    if (!problem && !is_outbox && outbox_only)
-        problem = "--state, --id, --unroutable, --published and --older-than are options of "
-                  "outbox only";
-    if (!problem && is_outbox)
-        problem = cli_outbox_usage_problem(&outbox);
-    if (!problem && !config_path)
-        problem = "no config file: pass -c FILE or set IDEMQ_CONFIG";
+    char problem_buf[128];
+    bool help = false;
+    if (!problem)
+        problem = parse_options(c, argc, argv, first_option, &line, &help, problem_buf,
+                                sizeof problem_buf);
+    if (help) {
+        free(line.ids);
+        usage(stdout);
+        return 0;
+    }
     if (problem) {
-        free(ids);
+        free(line.ids);
         return usage_error(problem);
     }
 
     config *cfg = NULL;
-    if (config_load(config_path, stderr, &cfg) != 0) {
-        fprintf(stderr, "idemq: %s is not valid; nothing was started\n", config_path);
-        free(ids);
+    if (config_load(line.config_path, stderr, &cfg) != 0) {
+        fprintf(stderr, "idemq: %s is not valid; nothing was started\n", line.config_path);
+        free(line.ids);
         return EXIT_USAGE;
     }
     log_set_level((log_level)cfg->log_level); /* same order: config.h, ops/log.h */
-
-    int rc;
-    if (strcmp(command, "run") == 0)
-        rc = cli_run(cfg);
-    else if (strcmp(command, "check") == 0)
-        rc = cli_check(cfg);
-    else if (strcmp(command, "migrate") == 0)
-        rc = cli_migrate(cfg);
-    else if (strcmp(command, "topology") == 0)
-        rc = cli_topology(cfg, dry_run);
-    else if (is_outbox)
-        rc = cli_outbox(cfg, &outbox);
-    else
-        rc = cli_dlq(cfg, &dlq);
+    int rc = c->run(cfg, &line);
     config_free(cfg);
-    free(ids);
+    free(line.ids);
     return rc;
 }

@@ -633,6 +633,16 @@ Test(outbox_cli, usage_errors_exit_2_and_touch_nothing)
     free(out);
     const char *dlq[] = {"dlq", "list", "-c", H.config_path, "--state", "all", NULL};
     cr_expect_eq(harness_run_cli(&H, &out, dlq), 2, "%s", out);
+    cr_expect(strstr(out, "--state is not an option of dlq"), "%s", out);
+    free(out);
+    /* Each command declares its options: one it does not take is refused, not ignored. */
+    const char *run[] = {"run", "-c", H.config_path, "--queue", "q", NULL};
+    cr_expect_eq(harness_run_cli(&H, &out, run), 2, "%s", out);
+    cr_expect(strstr(out, "--queue is not an option of run"), "%s", out);
+    free(out);
+    const char *topology[] = {"topology", "-c", H.config_path, "--yes", NULL};
+    cr_expect_eq(harness_run_cli(&H, &out, topology), 2, "%s", out);
+    cr_expect(strstr(out, "--yes is not an option of topology"), "%s", out);
     free(out);
     cr_expect_eq(count_where("1"), 2, "nothing was touched");
     cr_expect_eq(count_where("state = 2"), 1);
