@@ -317,3 +317,34 @@ cluster_env_lines() {
   done
   echo
 }
+
+# cluster_cmd KIND: cluster_vars KIND for a command on that cluster (the 4.3 one needs root).
+cluster_cmd() {
+  cluster_vars "$1"
+  [[ $1 != cluster43 ]] || is_root || die "cluster43: needs root (chroot and mounts)"
+}
+
+# The interface (common.sh). Neither cluster is part of `start`, nor of "all up" in `status`
+# (their status is never false); `stop` stops both (the 4.3 one where it can run). prepare is
+# the cluster's prepare step for nodes that are running (it ends nothing of theirs).
+svc_cluster_prepare() { cluster_vars cluster && cluster_hook prepare 1; }
+svc_cluster_start() { cluster_vars cluster && cluster_start; }
+svc_cluster_stop() { cluster_vars cluster && cluster_stop; }
+svc_cluster_status() {
+  cluster_vars cluster
+  cluster_status || true
+}
+svc_cluster43_prepare() { cluster_cmd cluster43 && cluster_hook prepare 1; }
+svc_cluster43_start() { cluster_cmd cluster43 && cluster_start; }
+svc_cluster43_stop() {
+  if is_root && [[ -e $SID_DONE ]]; then
+    cluster_vars cluster43
+    cluster_stop
+  fi
+}
+svc_cluster43_status() {
+  if is_root; then
+    cluster_vars cluster43
+    cluster_status || true
+  fi
+}

@@ -1,5 +1,48 @@
 # shellcheck shell=bash
-# Sourced by scripts/services (which sources scripts/lib.sh first): .state/env and what the commands on several services share.
+# Sourced by scripts/services (which sources scripts/lib.sh first): the interface every service
+# file in scripts/services.d implements, the order the all-services commands follow, and
+# .state/env.
+#
+# The services: rabbitmq (3.10), rabbitmq4, rabbitmq43, mariadb, mariadb-tls, mysql97 (both
+# MySQL 9.7 servers), cluster, cluster43. Each file defines, for each of its services NAME
+# (with - as _ in function names):
+#   svc_NAME_prepare   its files (folders, configuration, certificates); starts nothing
+#   svc_NAME_start     start it: launch it (or its whole start in the background) and return
+#                      without waiting where it can; one already running is left alone
+#   svc_NAME_wait      the rest of a start that svc_NAME_start began in this shell: until it
+#                      accepts connections (nothing for those whose start waits already)
+#   svc_NAME_stop      a clean stop, then until its processes are gone; idempotent
+#   svc_NAME_status    its state on stdout; false when it is not up
+#   svc_NAME_skipped   (optional) true, with the reason on stdout, when start, restart and
+#                      status leave it out (IDEMQ_SKIP_*, not root)
+# `svc STEP NAME` calls one; a service without that step does nothing for it. The commands on
+# one service (start-NAME, stop-NAME, ...) call the service's own functions, as they always
+# did (start-rabbitmq4, for one, starts it even with IDEMQ_SKIP_BROKER4=1).
+svc() {
+  local fn=svc_${2//-/_}_$1
+  declare -F "$fn" >/dev/null || return 0
+  "$fn" "${@:3}"
+}
+# svc_left_out NAME: svc_NAME_skipped, false when the service has none.
+svc_left_out() {
+  local fn=svc_${1//-/_}_skipped
+  declare -F "$fn" >/dev/null || return 1
+  "$fn"
+}
+
+# The order of `start` (every start first, the waits after it: the 4.x brokers and MySQL 9.7
+# start in the background, RabbitMQ 3.10 boots while MariaDB starts), of `stop` and `status`,
+# and of the stops that begin `restart` (those left out are not stopped).
+# shellcheck disable=SC2034 # used by scripts/services
+SERVICES_START=(rabbitmq4 rabbitmq43 mysql97 rabbitmq mariadb mariadb-tls)
+# shellcheck disable=SC2034
+SERVICES_WAIT=(rabbitmq rabbitmq4 rabbitmq43 mysql97)
+# shellcheck disable=SC2034
+SERVICES_STOP=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 mariadb-tls mysql97)
+# shellcheck disable=SC2034
+SERVICES_STATUS=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 mariadb-tls mysql97)
+# shellcheck disable=SC2034
+SERVICES_RESTART_STOP=(rabbitmq rabbitmq4 rabbitmq43 mysql97 mariadb mariadb-tls)
 
 # ----------------------------------------------------------------------------- common
 write_env() {
@@ -48,20 +91,4 @@ write_env() {
     fi
   } >"$ENV_FILE.tmp"
   mv "$ENV_FILE.tmp" "$ENV_FILE"
-}
-
-# cluster_cmd KIND: cluster_vars KIND for a command on that cluster (the 4.3 one needs root).
-cluster_cmd() {
-  cluster_vars "$1"
-  [[ $1 != cluster43 ]] || is_root || die "cluster43: needs root (chroot and mounts)"
-}
-
-# stop_clusters: stop both clusters (the 4.3 one only where it can run).
-stop_clusters() {
-  cluster_vars cluster
-  cluster_stop
-  if is_root && [[ -e $SID_DONE ]]; then
-    cluster_vars cluster43
-    cluster_stop
-  fi
 }

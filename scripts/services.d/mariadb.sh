@@ -80,6 +80,18 @@ EOF
   fi
 }
 
+# maria_prepare: folder, my.cnf, data (initialised on first start), for a server that is not
+# running (it removes the socket and pid file).
+maria_prepare() {
+  mkdir -p "$MARIA_DIR"
+  if is_root; then
+    chown mysql:mysql "$MARIA_DIR"
+  fi
+  rm -f "$MARIA_SOCKET" "$MARIA_DIR/mariadbd.pid"
+  maria_write_cnf
+  maria_init
+}
+
 maria_start() {
   local pid t0
   if pid=$(maria_pid); then
@@ -90,13 +102,7 @@ maria_start() {
     die "mariadb: port 127.0.0.1:$IDEMQ_MYSQL_PORT is already taken by a process that is not this project's server${NL}$(port_owner "$IDEMQ_MYSQL_PORT")${NL}Stop it (a system server: 'systemctl stop mariadb'), or pick another port: IDEMQ_MYSQL_PORT=..."
   fi
   t0=$(now_s)
-  mkdir -p "$MARIA_DIR"
-  if is_root; then
-    chown mysql:mysql "$MARIA_DIR"
-  fi
-  rm -f "$MARIA_SOCKET" "$MARIA_DIR/mariadbd.pid"
-  maria_write_cnf
-  maria_init
+  maria_prepare
   log "mariadb: starting on 127.0.0.1:$IDEMQ_MYSQL_PORT (state in $MARIA_DIR)"
   (cd "$MARIA_DIR" && exec setsid mariadbd --defaults-file="$MARIA_CNF" \
     </dev/null >>"$MARIA_DIR/startup.log" 2>&1) &
@@ -206,17 +212,10 @@ EOF
   chmod 644 "$MARIA_TLS_CNF"
 }
 
-maria_tls_start() {
+# maria_tls_prepare: folder, certificates, my.cnf, data (initialised on first start), for a
+# server that is not running (it removes the socket and pid file).
+maria_tls_prepare() {
   maria_tls_paths
-  local pid t0
-  if pid=$(maria_tls_pid); then
-    log "mariadb-tls: already running (pid $pid)"
-    return 0
-  fi
-  if port_open "$IDEMQ_MYSQL_TLS_PORT"; then
-    die "mariadb-tls: port 127.0.0.1:$IDEMQ_MYSQL_TLS_PORT is already taken by a process that is not this project's TLS server${NL}$(port_owner "$IDEMQ_MYSQL_TLS_PORT")${NL}Stop it, or pick another port: IDEMQ_MYSQL_TLS_PORT=..."
-  fi
-  t0=$(now_s)
   mkdir -p "$MARIA_TLS_DIR"
   if is_root; then
     chown mysql:mysql "$MARIA_TLS_DIR"
@@ -233,6 +232,20 @@ maria_tls_start() {
     mariadb-install-db "${args[@]}" >"$MARIA_TLS_DIR/install.log" 2>&1 ||
       maria_tls_fail "mariadb-install-db failed (log: $MARIA_TLS_DIR/install.log)"
   fi
+}
+
+maria_tls_start() {
+  maria_tls_paths
+  local pid t0
+  if pid=$(maria_tls_pid); then
+    log "mariadb-tls: already running (pid $pid)"
+    return 0
+  fi
+  if port_open "$IDEMQ_MYSQL_TLS_PORT"; then
+    die "mariadb-tls: port 127.0.0.1:$IDEMQ_MYSQL_TLS_PORT is already taken by a process that is not this project's TLS server${NL}$(port_owner "$IDEMQ_MYSQL_TLS_PORT")${NL}Stop it, or pick another port: IDEMQ_MYSQL_TLS_PORT=..."
+  fi
+  t0=$(now_s)
+  maria_tls_prepare
   log "mariadb-tls: starting on 127.0.0.1 and 127.0.0.2:$IDEMQ_MYSQL_TLS_PORT, TLS only (state in $MARIA_TLS_DIR)"
   (cd "$MARIA_TLS_DIR" && exec setsid mariadbd --defaults-file="$MARIA_TLS_CNF" \
     </dev/null >>"$MARIA_TLS_DIR/startup.log" 2>&1) &
@@ -311,3 +324,14 @@ maria_tls_env() {
   printf 'export IDEMQ_TEST_MYSQL_TLS_SOCKET=%q\n' "$MARIA_TLS_SOCKET"
   printf 'export IDEMQ_MYSQL_TLS_PORT=%q\n' "$IDEMQ_MYSQL_TLS_PORT"
 }
+
+# The interface (common.sh) of mariadb and mariadb-tls: start waits until the server answers
+# (a second or two), so there is no wait step.
+svc_mariadb_prepare() { maria_prepare; }
+svc_mariadb_start() { maria_start; }
+svc_mariadb_stop() { maria_stop; }
+svc_mariadb_status() { maria_status; }
+svc_mariadb_tls_prepare() { maria_tls_prepare; }
+svc_mariadb_tls_start() { maria_tls_start; }
+svc_mariadb_tls_stop() { maria_tls_stop; }
+svc_mariadb_tls_status() { maria_tls_status; }

@@ -312,3 +312,28 @@ m97_env() {
   printf 'export IDEMQ_MYSQL97_PORT=%q IDEMQ_MYSQL97_TLS_PORT=%q\n' "$IDEMQ_MYSQL97_PORT" "$IDEMQ_MYSQL97_TLS_PORT"
   printf 'export IDEMQ_SID_ROOT=%q\n' "$SID_ROOT"
 }
+
+# The interface (common.sh): mysql97 is both servers (mysql97 and mysql97-tls). prepare is for
+# servers that are not running (their start calls it); start and wait are the background start
+# of `start` and its outcome, nothing when MySQL 9.7 is left out.
+svc_mysql97_prepare() {
+  local name
+  is_root || die "mysql97: needs root (chroot and mounts); IDEMQ_SKIP_MYSQL97=1 leaves it out"
+  sid_ensure_root
+  for name in "${M97_NAMES[@]}"; do
+    m97_vars "$name"
+    m97_prepare
+  done
+}
+svc_mysql97_start() { m97_bg_start; }
+svc_mysql97_wait() { m97_bg_wait; }
+svc_mysql97_stop() {
+  local name
+  for name in "${M97_NAMES[@]}"; do m97_stop "$name"; done
+}
+svc_mysql97_status() {
+  local name rc=0
+  for name in "${M97_NAMES[@]}"; do m97_status "$name" || rc=1; done
+  return "$rc"
+}
+svc_mysql97_skipped() { m97_skipped; }

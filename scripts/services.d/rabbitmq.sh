@@ -176,3 +176,10 @@ rabbit_status() {
   fi
   return 1
 }
+
+# The interface (common.sh). prepare only for a broker that is not running (its start calls it).
+svc_rabbitmq_prepare() { rabbit_prepare; }
+svc_rabbitmq_start() { rabbit_launch; }
+svc_rabbitmq_wait() { rabbit_wait; }
+svc_rabbitmq_stop() { rabbit_stop; }
+svc_rabbitmq_status() { rabbit_status; }

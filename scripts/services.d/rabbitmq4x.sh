@@ -302,3 +302,24 @@ rb_bg_wait() {
   rb_skipped "$1" >/dev/null || true # RB_SKIP for the message
   wait "${RB_JOBS[$1]}" || die "$1: start failed ($RB_SKIP=1 leaves it out)"
 }
+
+# The interface (common.sh) of rabbitmq4 and rabbitmq43: prepare (only for a broker that is not
+# running: its start calls it) builds the root first if need be; start and wait are the
+# background start of `start` and its outcome, nothing when the broker is left out.
+svc_rabbitmq4_prepare() { rb_vars rabbitmq4 && rb_svc_prepare; }
+svc_rabbitmq4_start() { rb_bg_start rabbitmq4; }
+svc_rabbitmq4_wait() { rb_bg_wait rabbitmq4; }
+svc_rabbitmq4_stop() { rb_stop rabbitmq4; }
+svc_rabbitmq4_status() { rb_status rabbitmq4; }
+svc_rabbitmq4_skipped() { rb_skipped rabbitmq4; }
+svc_rabbitmq43_prepare() { rb_vars rabbitmq43 && rb_svc_prepare; }
+svc_rabbitmq43_start() { rb_bg_start rabbitmq43; }
+svc_rabbitmq43_wait() { rb_bg_wait rabbitmq43; }
+svc_rabbitmq43_stop() { rb_stop rabbitmq43; }
+svc_rabbitmq43_status() { rb_status rabbitmq43; }
+svc_rabbitmq43_skipped() { rb_skipped rabbitmq43; }
+rb_svc_prepare() {
+  is_root || die "$RB_LABEL: needs root (chroot and mounts)${RB_SKIP:+; $RB_SKIP=1 leaves it out}"
+  "$RB_BUILD"
+  rb_prepare
+}
