@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Sourced by scripts/services (which sources scripts/lib.sh first): the 3-node RabbitMQ 3.10 and 4.3 clusters.
+# Sourced by scripts/services (which sources scripts/lib.sh first): the 3-node RabbitMQ 3.10 and 4.3
+# clusters.
 
 # ----------------------------------------------------------------------------- RabbitMQ clusters
 # Two 3-node clusters on loopback, for the broker failover suites (tests/integration/

@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Sourced by scripts/services (which sources scripts/lib.sh first): MariaDB and the TLS-only MariaDB.
+# Sourced by scripts/services (which sources scripts/lib.sh first): MariaDB and the TLS-only
+# MariaDB.
 
 # ----------------------------------------------------------------------------- MariaDB
 maria_pid() { pid_matches "$MARIA_DIR/mariadbd.pid" mariadbd "$MARIA_DIR"; }

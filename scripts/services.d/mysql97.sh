@@ -1,13 +1,14 @@
 # shellcheck shell=bash
-# Sourced by scripts/services (which sources scripts/lib.sh first): the two MySQL 9.7 servers, run from the Debian sid root.
+# Sourced by scripts/services (which sources scripts/lib.sh first): the two MySQL 9.7 servers, run
+# from the Debian sid root.
 
 # ----------------------------------------------------------------------------- MySQL 9.7
 # Two MySQL 9.7 servers (sid's mysql-server-core) run with chroot from the sid root, as root:
 # mysqld drops to the root's mysql user itself (--user). Each keeps everything in one folder of
 # the root, /var/lib/idemq-NAME (host path $SID_ROOT/var/lib/idemq-NAME): my.cnf, data/ (the
 # datadir, which --initialize-insecure wants empty: the pid file, socket and error log sit beside
-# it), certs/ (copies of the TLS MariaDB's test CA and server certificate, readable by mysql:
-# the root cannot see $MARIA_TLS_CERTS). A server is recognised by its pid file, its root
+# it), certs/ (copies of the test PKI's CA and server certificate, from the TLS MariaDB's,
+# readable by mysql: the root cannot see $MARIA_TLS_CERTS). A server is recognised by its pid file, its root
 # (/proc/PID/root) and its folder in its command line.
 #   mysql97      127.0.0.1:$IDEMQ_MYSQL97_PORT, plaintext or TLS, as clients choose
 #   mysql97-tls  127.0.0.1 and 127.0.0.2:$IDEMQ_MYSQL97_TLS_PORT, require_secure_transport=ON

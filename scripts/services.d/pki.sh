@@ -1,7 +1,11 @@
 # shellcheck shell=bash
-# Sourced by scripts/services (which sources scripts/lib.sh first): the one test PKI of the TLS servers.
+# Sourced by scripts/services (which sources scripts/lib.sh first): the one test PKI of the TLS
+# servers.
 
-# ----------------------------------------------------------------------------- RabbitMQ TLS
+# ----------------------------------------------------------------------------- the test PKI
+# One test CA for every TLS server: made here (tls_prepare), used by the RabbitMQ TLS listeners
+# from $TLS_DIR and by the MariaDB/MySQL TLS servers from copies (see "MariaDB/MySQL TLS" below).
+#
 # The TLS listeners of the 3.10 broker (127.0.0.1:$IDEMQ_AMQPS_PORT) and of RabbitMQ 4.3
 # (127.0.0.1:$IDEMQ_AMQPS43_PORT, with copies of the same files in its root: it cannot see
 # $TLS_DIR), and what tests/integration/test_tls_amqp.c needs around them. At each start, when
@@ -55,10 +59,10 @@ tls_cert() {
 }
 
 # tls_prepare: the files, made anew when one is missing or about to expire. One maker at a time:
-# the 3.10 broker and RabbitMQ 4.3 start in parallel, and a second maker would replace the
-# first one's CA under its certificates.
+# the 3.10 broker, RabbitMQ 4.3 and the MariaDB/MySQL TLS servers start in parallel, and a
+# second maker would replace the first one's CA under its certificates.
 tls_prepare() {
-  command -v openssl >/dev/null 2>&1 || die "rabbitmq: openssl is not installed (scripts/setup installs it)"
+  command -v openssl >/dev/null 2>&1 || die "test PKI: openssl is not installed (scripts/setup installs it)"
   mkdir -p "$TLS_DIR"
   tls_files_ok && return 0
   local t0 server_ext client_ext other_ext lock
@@ -80,10 +84,10 @@ tls_prepare() {
       tls_cert other ca rmq.internal "$other_ext" &&
       tls_ca other-ca "idemq other CA" &&
       tls_cert untrusted-client other-ca "$TLS_CLIENT_CN" "$client_ext"
-  ) || die "rabbitmq: openssl could not make the test certificates (log: $LOG_DIR/tls.log)"
+  ) || die "test PKI: openssl could not make the test certificates (log: $LOG_DIR/tls.log)"
   chmod 644 "$TLS_DIR"/*.pem
   exec {lock}>&-
-  log "rabbitmq: made a test CA and TLS certificates in $TLS_DIR ($(elapsed "$t0")s)"
+  log "test PKI: made a test CA and TLS certificates in $TLS_DIR ($(elapsed "$t0")s)"
 }
 
 # tls_rabbit_conf PORT DIR: the rabbitmq.conf lines of a TLS listener on 127.0.0.1:PORT with
@@ -136,54 +140,51 @@ tls_provision_user() {
 }
 
 # ----------------------------------------------------------------------------- MariaDB/MySQL TLS
-# maria_tls_sign NAME SUBJECT EXTENSIONS: NAME.key and NAME.pem, signed by the test CA.
-maria_tls_sign() {
-  local name=$1 subject=$2 ext=$3
-  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$name.key" \
-    -out "$name.csr" -subj "$subject"
-  printf '%s\n' "$ext" >"$name.ext"
-  openssl x509 -req -in "$name.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
-    -extfile "$name.ext" -out "$name.pem"
-  rm -f "$name.csr" "$name.ext"
+# The TLS MariaDB and both MySQL 9.7 servers use the same test CA and server certificate as the
+# brokers: $MARIA_TLS_CERTS (IDEMQ_TEST_MYSQL_TLS_DIR, which tests/integration/test_tls_mysql.c
+# reads) holds copies of $TLS_DIR's ca.pem, server.pem, server.key, client.pem, client.key
+# (for REQUIRE X509 accounts) and other-ca.pem (a CA that signed nothing the servers trust),
+# readable by everyone: test material, read by the servers (user mysql) and by the tests. The
+# MySQL 9.7 servers copy them into their root at each start (m97_prepare).
+MARIA_TLS_FILES=(ca.pem server.pem server.key client.pem client.key other-ca.pem)
+
+# maria_tls_certs_ok: $MARIA_TLS_CERTS is a complete copy of $TLS_DIR's files.
+maria_tls_certs_ok() {
+  local f
+  [[ -e $MARIA_TLS_CERTS/.complete ]] || return 1
+  for f in "${MARIA_TLS_FILES[@]}"; do
+    cmp -s "$TLS_DIR/$f" "$MARIA_TLS_CERTS/$f" || return 1
+  done
 }
 
-# The test CA and certificates, once per state folder (.complete marks a finished set). EC keys
-# take milliseconds. Readable by everyone: test material, read by the server (user mysql) and by
-# the tests.
+# maria_tls_certs: the test PKI (tls_prepare), and its copies in $MARIA_TLS_CERTS made anew when
+# they differ (a first start, new certificates in $TLS_DIR, or a set from an older
+# scripts/services, whose CA was another), except while the TLS MariaDB runs: it reads them at
+# start-up, so it, the MySQL servers started meanwhile and the tests keep the set it has until
+# it is restarted. One maker at a time: the MySQL 9.7 servers start in parallel with it.
 maria_tls_certs() {
-  [[ -e $MARIA_TLS_CERTS/.complete ]] && return 0
-  command -v openssl >/dev/null 2>&1 || die "mariadb-tls: openssl is not installed (scripts/setup installs it)"
-  # The MySQL 9.7 servers use them too, and start in parallel with this one: one maker at a time
-  # (a second one would remove the first one's files).
-  local lock
+  tls_prepare
+  maria_tls_certs_ok && return 0
+  local lock pid f
   mkdir -p "$MARIA_TLS_DIR"
   exec {lock}>"$MARIA_TLS_DIR/certs.lock"
   flock "$lock"
-  if [[ -e $MARIA_TLS_CERTS/.complete ]]; then
+  if maria_tls_certs_ok; then
     exec {lock}>&-
+    return 0
+  fi
+  if [[ -e $MARIA_TLS_CERTS/.complete ]] && pid=$(maria_tls_pid); then
+    exec {lock}>&-
+    log "mariadb-tls: running (pid $pid) with the certificates in $MARIA_TLS_CERTS, which differ from $TLS_DIR's; 'scripts/services restart-mariadb-tls' takes the new ones"
     return 0
   fi
   rm -rf "$MARIA_TLS_CERTS"
   mkdir -p "$MARIA_TLS_CERTS"
-  local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650)
-  if ! (
-    set -e
-    cd "$MARIA_TLS_CERTS"
-    openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.pem -subj "/CN=idemq test CA"
-    openssl req -x509 "${ec[@]}" -keyout other-ca.key -out other-ca.pem -subj "/CN=idemq other CA"
-    maria_tls_sign server "/CN=localhost" "subjectAltName=DNS:localhost,IP:127.0.0.1
-basicConstraints=CA:FALSE
-keyUsage=digitalSignature,keyEncipherment
-extendedKeyUsage=serverAuth"
-    maria_tls_sign client "/CN=idemq client" "basicConstraints=CA:FALSE
-keyUsage=digitalSignature
-extendedKeyUsage=clientAuth"
-    rm -f other-ca.key ca.srl
-    chmod 644 ./*
-  ) >"$MARIA_TLS_DIR/certs.log" 2>&1; then
-    maria_tls_fail "openssl could not make the test certificates"
-  fi
+  for f in "${MARIA_TLS_FILES[@]}"; do
+    install -m 644 "$TLS_DIR/$f" "$MARIA_TLS_CERTS/" ||
+      maria_tls_fail "cannot copy $TLS_DIR/$f to $MARIA_TLS_CERTS"
+  done
   touch "$MARIA_TLS_CERTS/.complete"
   exec {lock}>&-
-  log "mariadb-tls: made a test CA and certificates in $MARIA_TLS_CERTS"
+  log "mariadb-tls: the test CA and certificates of $TLS_DIR copied to $MARIA_TLS_CERTS"
 }

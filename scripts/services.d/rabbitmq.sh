@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Sourced by scripts/services (which sources scripts/lib.sh first): RabbitMQ 3.10, the broker helpers every RabbitMQ uses.
+# Sourced by scripts/services (which sources scripts/lib.sh first): RabbitMQ 3.10, the broker
+# helpers every RabbitMQ uses.
 
 # ----------------------------------------------------------------------------- RabbitMQ
 # Helpers every broker uses (3.10, 4.0, 4.3, the cluster nodes).

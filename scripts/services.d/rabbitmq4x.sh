@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Sourced by scripts/services (which sources scripts/lib.sh first): RabbitMQ 4.0 and 4.3 (rb_*), run from their Debian roots.
+# Sourced by scripts/services (which sources scripts/lib.sh first): RabbitMQ 4.0 and 4.3 (rb_*), run
+# from their Debian roots.
 
 # ----------------------------------------------------------------------------- RabbitMQ 4.x
 # RabbitMQ 4.0 (Debian 13's package, in $R4_ROOT) and 4.3 (Debian sid's, in $SID_ROOT, which

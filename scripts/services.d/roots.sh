@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Sourced by scripts/services (which sources scripts/lib.sh first): the Debian roots (13 for RabbitMQ 4.0, sid for MySQL 9.7 and RabbitMQ 4.3) and the processes in them.
+# Sourced by scripts/services (which sources scripts/lib.sh first): the Debian roots (13 for
+# RabbitMQ 4.0, sid for MySQL 9.7 and RabbitMQ 4.3) and the processes in them.
 
 # ----------------------------------------------------------------------------- Debian roots
 # root_procs DIR [NAME=VALUE]: the pids of every process whose root directory is DIR (a chroot of
