@@ -44,6 +44,55 @@ SERVICES_STATUS=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 mariadb
 # shellcheck disable=SC2034
 SERVICES_RESTART_STOP=(rabbitmq rabbitmq4 rabbitmq43 mysql97 mariadb mariadb-tls)
 
+# ----------------------------------------------------------------------------- stopping, starting
+# stop_pid WHAT PID CMD...: stop a server with CMD... (its clean stop: rabbitmqctl stop), with
+# SIGTERM when CMD fails, with SIGKILL when it is still there after 60 s; WHAT prefixes messages.
+stop_pid() {
+  local what=$1 pid=$2
+  shift 2
+  if ! "$@" >/dev/null 2>&1; then
+    warn "$what: the clean stop failed; sending SIGTERM"
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
+  wait_stopped "$what" "$pid"
+}
+
+# shutdown_pid WHAT PID TOOL ADMIN...: stop_pid for a database server: its clean stop is
+# `ADMIN... --connect-timeout=5 shutdown`, TOOL (mariadb-admin, mysqladmin) names it in the warning.
+shutdown_pid() {
+  local what=$1 pid=$2 tool=$3
+  shift 3
+  if ! "$@" --connect-timeout=5 shutdown >/dev/null 2>&1; then
+    warn "$what: $tool shutdown failed; sending SIGTERM"
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
+  wait_stopped "$what" "$pid"
+}
+
+# wait_stopped WHAT PID: the end of stop_pid and shutdown_pid: until PID is gone, with SIGKILL
+# when it is still there after 60 s.
+wait_stopped() {
+  local what=$1 pid=$2
+  if ! wait_gone "$pid" 60; then
+    warn "$what: still running after 60s; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+    wait_gone "$pid" 10 || die "$what: pid $pid does not go away"
+  fi
+}
+
+# await_ready LAUNCHER FAIL PROBE...: the end of a database server's start: until PROBE...
+# succeeds (it answers), within IDEMQ_START_TIMEOUT; FAIL (the server's failure function) when
+# LAUNCHER (the process that became the server) exits first or time runs out.
+await_ready() {
+  local launcher=$1 fail=$2 deadline=$((SECONDS + IDEMQ_START_TIMEOUT))
+  shift 2
+  until "$@"; do
+    kill -0 "$launcher" 2>/dev/null || "$fail" "the server exited during start-up"
+    ((SECONDS < deadline)) || "$fail" "not accepting connections after ${IDEMQ_START_TIMEOUT}s"
+    sleep 0.2
+  done
+}
+
 # ----------------------------------------------------------------------------- common
 write_env() {
   {

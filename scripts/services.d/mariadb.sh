@@ -93,6 +93,13 @@ maria_prepare() {
   maria_init
 }
 
+# maria_answers: the server answers through its socket and on its port.
+maria_answers() {
+  maria_admin --connect-timeout=2 ping >/dev/null 2>&1 &&
+    mariadb-admin --no-defaults --protocol=tcp --host=127.0.0.1 --port="$IDEMQ_MYSQL_PORT" \
+      --user=root --connect-timeout=2 ping >/dev/null 2>&1
+}
+
 maria_start() {
   local pid t0
   if pid=$(maria_pid); then
@@ -109,14 +116,7 @@ maria_start() {
     </dev/null >>"$MARIA_DIR/startup.log" 2>&1) &
   local launcher=$!
   disown "$launcher" 2>/dev/null || true
-  local deadline=$((SECONDS + IDEMQ_START_TIMEOUT))
-  until maria_admin --connect-timeout=2 ping >/dev/null 2>&1 &&
-    mariadb-admin --no-defaults --protocol=tcp --host=127.0.0.1 --port="$IDEMQ_MYSQL_PORT" \
-      --user=root --connect-timeout=2 ping >/dev/null 2>&1; do
-    kill -0 "$launcher" 2>/dev/null || maria_fail "the server exited during start-up"
-    ((SECONDS < deadline)) || maria_fail "not accepting connections after ${IDEMQ_START_TIMEOUT}s"
-    sleep 0.2
-  done
+  await_ready "$launcher" maria_fail maria_answers
   maria_provision
   log "mariadb: ready on 127.0.0.1:$IDEMQ_MYSQL_PORT and $MARIA_SOCKET (pid $(maria_pid), $(elapsed "$t0")s)"
 }
@@ -129,15 +129,7 @@ maria_stop() {
   fi
   t0=$(now_s)
   log "mariadb: stopping (pid $pid)"
-  if ! maria_admin --connect-timeout=5 shutdown >/dev/null 2>&1; then
-    warn "mariadb: mariadb-admin shutdown failed; sending SIGTERM"
-    kill -TERM "$pid" 2>/dev/null || true
-  fi
-  if ! wait_gone "$pid" 60; then
-    warn "mariadb: still running after 60s; killing it"
-    kill -KILL "$pid" 2>/dev/null || true
-    wait_gone "$pid" 10 || die "mariadb: pid $pid does not go away"
-  fi
+  shutdown_pid mariadb "$pid" mariadb-admin maria_admin
   log "mariadb: stopped ($(elapsed "$t0")s)"
 }
 
@@ -235,6 +227,13 @@ maria_tls_prepare() {
   fi
 }
 
+# maria_tls_answers: the server answers through its socket and, over TLS, on its port.
+maria_tls_answers() {
+  maria_tls_admin --connect-timeout=2 ping >/dev/null 2>&1 &&
+    mariadb-admin --no-defaults --protocol=tcp --host=127.0.0.1 --port="$IDEMQ_MYSQL_TLS_PORT" \
+      --ssl --ssl-ca="$MARIA_TLS_CERTS/ca.pem" --user=root --connect-timeout=2 ping >/dev/null 2>&1
+}
+
 maria_tls_start() {
   maria_tls_paths
   local pid t0
@@ -252,14 +251,7 @@ maria_tls_start() {
     </dev/null >>"$MARIA_TLS_DIR/startup.log" 2>&1) &
   local launcher=$!
   disown "$launcher" 2>/dev/null || true
-  local deadline=$((SECONDS + IDEMQ_START_TIMEOUT))
-  until maria_tls_admin --connect-timeout=2 ping >/dev/null 2>&1 &&
-    mariadb-admin --no-defaults --protocol=tcp --host=127.0.0.1 --port="$IDEMQ_MYSQL_TLS_PORT" \
-      --ssl --ssl-ca="$MARIA_TLS_CERTS/ca.pem" --user=root --connect-timeout=2 ping >/dev/null 2>&1; do
-    kill -0 "$launcher" 2>/dev/null || maria_tls_fail "the server exited during start-up"
-    ((SECONDS < deadline)) || maria_tls_fail "not accepting connections after ${IDEMQ_START_TIMEOUT}s"
-    sleep 0.2
-  done
+  await_ready "$launcher" maria_tls_fail maria_tls_answers
   # The same accounts as the main server (maria_provision), idempotent, every start.
   maria_tls_sql --database=mysql <<'EOF' || maria_tls_fail "could not create the idemq database and user"
 DELETE FROM mysql.global_priv WHERE User = '';
@@ -285,15 +277,7 @@ maria_tls_stop() {
   fi
   t0=$(now_s)
   log "mariadb-tls: stopping (pid $pid)"
-  if ! maria_tls_admin --connect-timeout=5 shutdown >/dev/null 2>&1; then
-    warn "mariadb-tls: mariadb-admin shutdown failed; sending SIGTERM"
-    kill -TERM "$pid" 2>/dev/null || true
-  fi
-  if ! wait_gone "$pid" 60; then
-    warn "mariadb-tls: still running after 60s; killing it"
-    kill -KILL "$pid" 2>/dev/null || true
-    wait_gone "$pid" 10 || die "mariadb-tls: pid $pid does not go away"
-  fi
+  shutdown_pid mariadb-tls "$pid" mariadb-admin maria_tls_admin
   log "mariadb-tls: stopped ($(elapsed "$t0")s)"
 }
 

@@ -162,6 +162,9 @@ m97_start() {
   m97_unlock
 }
 
+# m97_answers: the server answers through its socket and its port is open.
+m97_answers() { m97_admin --connect-timeout=2 ping >/dev/null 2>&1 && port_open "$M97_PORT"; }
+
 m97_start_locked() {
   local pid t0 where=${M97_BIND//,/ and }:$M97_PORT
   ((M97_TLS_ONLY)) && where+=", TLS only"
@@ -191,12 +194,7 @@ m97_start_locked() {
     </dev/null >>"$M97_DIR/startup.log" 2>&1) &
   local launcher=$!
   disown "$launcher" 2>/dev/null || true
-  local deadline=$((SECONDS + IDEMQ_START_TIMEOUT))
-  until m97_admin --connect-timeout=2 ping >/dev/null 2>&1 && port_open "$M97_PORT"; do
-    kill -0 "$launcher" 2>/dev/null || m97_fail "the server exited during start-up"
-    ((SECONDS < deadline)) || m97_fail "not accepting connections after ${IDEMQ_START_TIMEOUT}s"
-    sleep 0.2
-  done
+  await_ready "$launcher" m97_fail m97_answers
   m97_provision
   log "$M97: ready on ${M97_BIND//,/ and }:$M97_PORT and $M97_SOCKET (pid $(m97_pid), $(elapsed "$t0")s)"
 }
@@ -218,15 +216,7 @@ m97_stop_locked() {
   t0=$(now_s)
   if pid=$(m97_pid); then
     log "$M97: stopping (pid $pid)"
-    if ! m97_admin --connect-timeout=5 shutdown >/dev/null 2>&1; then
-      warn "$M97: mysqladmin shutdown failed; sending SIGTERM"
-      kill -TERM "$pid" 2>/dev/null || true
-    fi
-    if ! wait_gone "$pid" 60; then
-      warn "$M97: still running after 60s; killing it"
-      kill -KILL "$pid" 2>/dev/null || true
-      wait_gone "$pid" 10 || die "$M97: pid $pid does not go away"
-    fi
+    shutdown_pid "$M97" "$pid" mysqladmin m97_admin
     sid_sweep "$M97" "$M97_IN/"
     rm -f "$M97_DIR/mysqld.pid"
     log "$M97: stopped ($(elapsed "$t0")s)"

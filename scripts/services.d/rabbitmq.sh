@@ -35,22 +35,6 @@ rabbit_await() {
     "$fail" "${node[@]}" "rabbitmqctl await_startup failed"
 }
 
-# stop_pid WHAT PID CMD...: stop a server with CMD... (its clean stop: rabbitmqctl stop), with
-# SIGTERM when CMD fails, with SIGKILL when it is still there after 60 s; WHAT prefixes messages.
-stop_pid() {
-  local what=$1 pid=$2
-  shift 2
-  if ! "$@" >/dev/null 2>&1; then
-    warn "$what: the clean stop failed; sending SIGTERM"
-    kill -TERM "$pid" 2>/dev/null || true
-  fi
-  if ! wait_gone "$pid" 60; then
-    warn "$what: still running after 60s; killing it"
-    kill -KILL "$pid" 2>/dev/null || true
-    wait_gone "$pid" 10 || die "$what: pid $pid does not go away"
-  fi
-}
-
 # signal_broker WHAT PIDFN STOP|CONT: freeze-* / thaw-*: SIGSTOP or SIGCONT to the Erlang VM that
 # PIDFN names, a broker that hangs with its sockets open (the kernel still accepts connections).
 signal_broker() {
