@@ -167,7 +167,7 @@ maria_tls_sql() { mariadb --defaults-file="$MARIA_TLS_CNF" --user=root --batch -
 
 maria_tls_fail() {
   warn "mariadb-tls: $*"
-  show_tail "$MARIA_TLS_DIR/startup.log" "$MARIA_TLS_DIR/error.log" "$MARIA_TLS_DIR/certs.log"
+  show_tail "$MARIA_TLS_DIR/startup.log" "$MARIA_TLS_DIR/error.log" "$LOG_DIR/tls.log"
   exit 1
 }
 
