@@ -29,7 +29,20 @@ _Static_assert(sizeof(config_log_level) == sizeof(int), "enums are stored as int
 static int check_mysql_url(const char *text, char *why, size_t why_len)
 {
     static const char *const schemes[] = {"mysql", NULL};
-    return config_check_url(text, schemes, "mysql://", true, why, why_len);
+    if (config_check_url(text, schemes, "mysql://", true, why, why_len) != 0)
+        return -1;
+    /* What only the MySQL grammar knows (a database, known parameters, lengths) fails here,
+     * with its line, rather than at the first connect. */
+    config_mysql_url parts;
+    char sub[160], redacted[256], shown[128];
+    int rc = config_parse_mysql_url(text, &parts, sub, sizeof sub);
+    explicit_bzero(&parts, sizeof parts);
+    if (rc != 0) {
+        config_redact_url(text, redacted, sizeof redacted);
+        snprintf(why, why_len, "'%s': %s", config_show(shown, sizeof shown, redacted), sub);
+        return -1;
+    }
+    return 0;
 }
 
 /* amqp.tls files are read at every connect: a typo or a permission problem must fail at load,

@@ -4,6 +4,7 @@
 #include "config/url.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -275,6 +276,117 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
     }
     return 0;
 }
+
+/* Decodes [begin, end) into out (NUL-terminated). Returns -1 when it does not fit or is bad. */
+static int percent_decode(const char *begin, const char *end, char *out, size_t out_len)
+{
+    size_t n = 0;
+    for (const char *p = begin; p < end; p++) {
+        char c = *p;
+        if (c == '%') {
+            if (end - p < 3 || !is_hex(p[1]) || !is_hex(p[2]))
+                return -1;
+            c = (char)(hex_value(p[1]) * 16 + hex_value(p[2]));
+            if (c == '\0')
+                return -1;
+            p += 2;
+        }
+        if (n + 1 >= out_len)
+            return -1;
+        out[n++] = c;
+    }
+    out[n] = '\0';
+    return 0;
+}
+
+int config_parse_mysql_url(const char *url, config_mysql_url *out, char *why, size_t why_len)
+{
+    static const char scheme[] = "mysql://";
+    memset(out, 0, sizeof *out);
+    out->port = 3306;
+    if (strncmp(url, scheme, sizeof scheme - 1) != 0) {
+        snprintf(why, why_len, "must start with mysql://");
+        return -1;
+    }
+    const char *p = url + sizeof scheme - 1;
+    /* The user-info rule of config/url.h, which amqp_parse_url follows too: one raw '@' at most,
+     * ending user[:password]; the user ends at the first ':'; reserved characters inside them
+     * are percent-encoded. */
+    const char *at = strchr(p, '@');
+    if (at && strchr(at + 1, '@')) {
+        snprintf(why, why_len,
+                 "more than one '@' (write an '@' in the user, password or socket path as %%40)");
+        return -1;
+    }
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        const char *user_end = colon ? colon : at;
+        if (strcspn(p, "/?#[]") < (size_t)(at - p) ||
+            (colon && memchr(colon + 1, ':', (size_t)(at - colon - 1)))) {
+            snprintf(why, why_len, "user or password is not percent-encoded");
+            return -1;
+        }
+        if (percent_decode(p, user_end, out->user, sizeof out->user) < 0 ||
+            (colon && percent_decode(colon + 1, at, out->password, sizeof out->password) < 0)) {
+            snprintf(why, why_len, "user or password is malformed or too long");
+            return -1;
+        }
+        p = at + 1;
+    }
+    const char *authority_end = p + strcspn(p, "/?");
+    const char *host_end = authority_end;
+    const char *port_colon = memchr(p, ':', (size_t)(authority_end - p));
+    if (port_colon) {
+        char *end = NULL;
+        long port = strtol(port_colon + 1, &end, 10);
+        if (end != authority_end || port < 1 || port > 65535) {
+            snprintf(why, why_len, "port must be 1..65535");
+            return -1;
+        }
+        out->port = (unsigned)port;
+        host_end = port_colon;
+    }
+    if ((size_t)(host_end - p) >= sizeof out->host) {
+        snprintf(why, why_len, "host is too long");
+        return -1;
+    }
+    memcpy(out->host, p, (size_t)(host_end - p));
+    if (out->host[0] == '\0')
+        strcpy(out->host, "127.0.0.1");
+    p = authority_end;
+    if (*p == '/') {
+        p++;
+        size_t len = strcspn(p, "?");
+        if (percent_decode(p, p + len, out->database, sizeof out->database) < 0) {
+            snprintf(why, why_len, "database name is malformed or too long");
+            return -1;
+        }
+        p += len;
+    }
+    if (out->database[0] == '\0') {
+        snprintf(why, why_len, "a database name is required (mysql://…/DATABASE)");
+        return -1;
+    }
+    while (*p == '?' || *p == '&') {
+        p++;
+        size_t len = strcspn(p, "&");
+        static const char socket_key[] = "socket=";
+        if (strncmp(p, socket_key, sizeof socket_key - 1) == 0) {
+            if (percent_decode(p + sizeof socket_key - 1, p + len, out->socket,
+                               sizeof out->socket) < 0) {
+                snprintf(why, why_len, "socket path is malformed or too long");
+                return -1;
+            }
+        } else if (len > 0) {
+            snprintf(why, why_len, "unknown parameter '%.*s' (known: socket)",
+                     (int)(strcspn(p, "=&") > 64 ? 64 : strcspn(p, "=&")), p);
+            return -1;
+        }
+        p += len;
+    }
+    return 0;
+}
+
 
 int config_check_listen(const char *text, char *why, size_t why_len)
 {

@@ -31,6 +31,25 @@ void config_redact_url(const char *url, char *buf, size_t buf_len);
 int config_check_url(const char *text, const char *const *schemes, const char *expect,
                      bool socket_ok, char *why, size_t why_len);
 
+#define CONFIG_MYSQL_PASSWORD_MAX 1024 /* bytes; config/secrets.h reads a password file up to this */
+
+/* The parts of mysql://user[:password]@host[:port]/database[?socket=/path], percent-decoded
+ * (user, password, database, socket), as mysql_real_connect takes them. */
+typedef struct config_mysql_url {
+    char user[128];
+    char password[CONFIG_MYSQL_PASSWORD_MAX + 1];
+    char host[256]; /* "127.0.0.1" when the URL names none */
+    unsigned port;  /* 3306 when absent */
+    char database[65];
+    char socket[512]; /* empty when TCP */
+} config_mysql_url;
+
+/* The MySQL URL grammar, the one place it is written: the config loader checks mysql.url with
+ * it and db/dsn builds every connection from it. Fills out from url (borrowed). Returns 0, or
+ * -1 with a reason in why (never the password; without the URL, which the caller shows
+ * redacted). */
+int config_parse_mysql_url(const char *url, config_mysql_url *out, char *why, size_t why_len);
+
 /* Checks a listen address HOST:PORT (host may be "[v6]"; port 0 asks the kernel for one). */
 int config_check_listen(const char *text, char *why, size_t why_len);
 

@@ -719,6 +719,39 @@ Test(config, urls_are_checked_without_leaking_passwords)
                   "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n");
     cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
     result_free(&r);
+
+    /* The MySQL grammar's own rules (db/dsn builds connections with the same parser) fail at
+     * load, with the line, not at the first connect. */
+    static const struct {
+        const char *url, *error;
+    } mysql_cases[] = {
+        {"mysql://u:hunter4@h:3306", "mysql.url: 'mysql://u:***@h:3306': a database name is "
+                                     "required"},
+        {"mysql://u:hunter4@h/db?sockt=/x", "mysql.url: 'mysql://u:***@h/db?sockt=/x': unknown "
+                                            "parameter 'sockt' (known: socket)"},
+        {"mysql://u:hunter4@h/db%00", "database name is malformed or too long"},
+        {"mysql://u:hunter4@h/db?socket=/run/m.sock", NULL},
+    };
+    for (size_t i = 0; i < sizeof mysql_cases / sizeof mysql_cases[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "amqp: {url: 'amqp://h'}\n"
+                 "mysql: {url: '%s'}\n"
+                 "consumers:\n"
+                 "  - {queue: q, handler_name: h, handler: {table: t, key_column: id, "
+                 "key_field: id, state_column: s, event_field: e, "
+                 "transitions: {X: {from: [A], to: B}}}}\n",
+                 mysql_cases[i].url);
+        r = load_text(text);
+        if (mysql_cases[i].error) {
+            cr_assert_eq(r.rc, -1, "'%s': errors:\n%s", mysql_cases[i].url, r.errs);
+            assert_error(r, 2, mysql_cases[i].error);
+            cr_assert_null(strstr(r.errs, "hunter"), "password leaked:\n%s", r.errs);
+        } else {
+            cr_assert_eq(r.rc, 0, "'%s': errors:\n%s", mysql_cases[i].url, r.errs);
+        }
+        result_free(&r);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
