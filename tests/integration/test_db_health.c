@@ -117,6 +117,29 @@ static void wait_probes(uint64_t more, int timeout_ms)
     }
 }
 
+typedef struct unread_wait {
+    unsigned port;  /* the proxy's */
+    bool listening; /* its accept queue; else its accepted connections' unread bytes */
+} unread_wait;
+
+static bool unread_pending(harness *h, void *arg)
+{
+    (void)h;
+    const unread_wait *w = arg;
+    return harness_tcp_unread(w->port, w->listening) > 0;
+}
+
+/* Waits until the frozen proxy holds, unread, a probe's query (listening false: bytes sent on an
+ * accepted connection) or its connect (listening true: a connection in the accept queue): the
+ * probe is then blocked in that step. Fails the test after timeout_ms. */
+static void wait_probe_blocked(bool listening, int timeout_ms)
+{
+    unread_wait w = {.port = freeze_proxy_port(proxy), .listening = listening};
+    cr_assert(harness_wait_for(unread_pending, NULL, &w, timeout_ms),
+              "no probe %s reached the frozen proxy within %d ms",
+              listening ? "connect" : "query", timeout_ms);
+}
+
 static int64_t timed_free(void)
 {
     int64_t start = harness_now_ms();
@@ -296,12 +319,11 @@ Test(db_health, free_returns_promptly_while_frozen)
     db_health_status s;
 
     /* Blocked in a query on the open connection: the shutdown cuts it short. A probe starts
-     * every second and the frozen one blocks for 2 s, so 1.2 s after the freeze one is blocked
-     * in its query (nothing observable marks the moment). */
+     * every second; once its query waits unread in the frozen proxy, it is blocked (for 2 s). */
     start_health(&dsn, NULL);
     wait_ok(START_MS, "after the start");
     freeze_proxy_freeze(proxy);
-    poll(NULL, 0, 1200);
+    wait_probe_blocked(false, READINESS_MS);
     db_health_read(health, &s);
     cr_assert(s.ok, "the first frozen probe should still be waiting: %s", s.reason);
     int64_t took = timed_free();
@@ -315,7 +337,7 @@ Test(db_health, free_returns_promptly_while_frozen)
     wait_ok(START_MS, "after the restart");
     freeze_proxy_freeze(proxy);
     cr_assert(wait_state(false, READINESS_MS, &s) >= 0);
-    poll(NULL, 0, 300);
+    wait_probe_blocked(true, READINESS_MS);
     took = timed_free();
     cr_assert(took < FREE_MS, "db_health_free took %lld ms while frozen (connect)",
               (long long)took);

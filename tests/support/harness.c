@@ -1170,6 +1170,29 @@ int harness_amqp_local_port(pid_t pid)
     return 0;
 }
 
+long harness_tcp_unread(unsigned port, bool listening)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    cr_assert(f, "cannot read /proc/net/tcp");
+    long total = -1;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char local[64];
+        unsigned st;
+        unsigned long tx, rx;
+        /* sl local rem st tx_queue:rx_queue ... */
+        if (sscanf(line, " %*d: %63s %*s %x %lx:%lx", local, &st, &tx, &rx) != 4)
+            continue;
+        const char *lp = strrchr(local, ':');
+        if (!lp || strtoul(lp + 1, NULL, 16) != port ||
+            st != (listening ? 0x0Au /* LISTEN */ : 0x01u /* ESTABLISHED */))
+            continue;
+        total = (total < 0 ? 0 : total) + (long)rx;
+    }
+    fclose(f);
+    return total;
+}
+
 bool harness_close_amqp_connection_of(pid_t pid, const char *reason)
 {
     int port = harness_amqp_local_port(pid);

@@ -311,6 +311,13 @@ void harness_db_guard_recover(harness *h, harness_db_guard *g);
  * (through /proc/<pid>/fd and /proc/net/tcp); 0 when it has none. */
 int harness_amqp_local_port(pid_t pid);
 
+/* What the kernel holds unread for the TCP sockets whose local port is port (IPv4, from
+ * /proc/net/tcp), summed over them: with listening, the LISTEN socket's accept queue (connections
+ * the owner has not accepted yet); without, the ESTABLISHED sockets' unread received bytes.
+ * Returns -1 when no such socket exists. For a test that must see a peer reach a point nothing
+ * else shows, e.g. a client's query, or its connect, waiting in a frozen freeze_proxy. */
+long harness_tcp_unread(unsigned port, bool listening);
+
 /* Closes, with `rabbitmqctl close_connection`, only pid's AMQP connection (found by its client
  * port in `rabbitmqctl list_connections pid name`); other tests' connections stay up. reason may
  * be NULL. Returns false when pid has no connection the broker lists; fails the test when
