@@ -85,11 +85,6 @@ static size_t frame_max(void)
     return (size_t)amqp_get_frame_max(F.h.amqp);
 }
 
-static bool bytes_eq(amqp_bytes_t a, amqp_bytes_t b)
-{
-    return a.len == b.len && (a.len == 0 || memcmp(a.bytes, b.bytes, a.len) == 0);
-}
-
 /* The x-delivery-count header of a delivery: -1 when absent. */
 static int64_t delivery_count(const amqp_message_t *m)
 {
@@ -193,7 +188,7 @@ static size_t frame_size_as_published(const amqp_basic_properties_t *in)
     cr_assert(entries);
     int n = 0;
     for (int i = 0; i < in->headers.num_entries; i++)
-        if (!bytes_eq(in->headers.entries[i].key, amqp_cstring_bytes("x-delivery-count")))
+        if (!harness_bytes_eq(in->headers.entries[i].key, amqp_cstring_bytes("x-delivery-count")))
             entries[n++] = in->headers.entries[i];
     p.headers = (amqp_table_t){.num_entries = n, .entries = entries};
     size_t size = message_header_frame_size(&p);
@@ -204,7 +199,7 @@ static size_t frame_size_as_published(const amqp_basic_properties_t *in)
 static bool has_header(const amqp_basic_properties_t *p, const char *key)
 {
     for (int i = 0; i < p->headers.num_entries; i++)
-        if (bytes_eq(p->headers.entries[i].key, amqp_cstring_bytes(key)))
+        if (harness_bytes_eq(p->headers.entries[i].key, amqp_cstring_bytes(key)))
             return true;
     return false;
 }
@@ -411,7 +406,8 @@ Test(frame_max, dlq_bound_messages_near_frame_max_reach_the_dlq_and_the_queue_fl
     for (int i = 0; i < 2; i++) {
         amqp_message_t m;
         cr_assert(harness_get(h, dlq, &m), "dead letter %d is missing", i);
-        cr_expect(bytes_eq(m.body, amqp_cstring_bytes(keyless_body)), "#%d: the body changed", i);
+        cr_expect(harness_bytes_eq(m.body, amqp_cstring_bytes(keyless_body)),
+                  "#%d: the body changed", i);
         amqp_bytes_t record;
         cr_assert(message_header_bytes(&m.properties, HEADER_DROPPED_HEADERS, &record),
                   "#%d: no %s header", i, HEADER_DROPPED_HEADERS);
@@ -466,7 +462,7 @@ Test(frame_max, a_retried_copy_near_frame_max_climbs_the_ladder_and_stays_readab
 
     amqp_message_t m;
     cr_assert(harness_get(h, dlq, &m));
-    cr_expect(bytes_eq(m.body, amqp_cstring_bytes(body)), "the body changed");
+    cr_expect(harness_bytes_eq(m.body, amqp_cstring_bytes(body)), "the body changed");
     int64_t retries = -1;
     cr_expect(message_header_int(&m.properties, HEADER_RETRIES, &retries) && retries == 2,
               "the copy went up the ladder %" PRId64 " time(s), want 2", retries);
@@ -535,7 +531,7 @@ Test(frame_max, dlq_reads_and_replays_a_dead_letter_that_the_broker_pushed_over_
     free(out);
     cr_assert(harness_wait_queue_depth(h, dlq, 0, 5000));
     cr_assert(harness_get(h, h->queue, &m), "the replay is not in the work queue");
-    cr_expect(bytes_eq(m.body, amqp_cstring_bytes(body)));
+    cr_expect(harness_bytes_eq(m.body, amqp_cstring_bytes(body)));
     cr_expect_leq(frame_size_as_published(&m.properties), message_frame_limit(fm),
                   "the replay must leave the headroom");
     amqp_bytes_t record;

@@ -355,11 +355,6 @@ static void expect_string_header(const amqp_message_t *msg, const char *name, co
               "header %s is '%.*s', not '%s'", name, (int)got.len, (const char *)got.bytes, value);
 }
 
-static bool bytes_eq(amqp_bytes_t b, const char *s)
-{
-    return b.len == strlen(s) && memcmp(b.bytes, s, b.len) == 0;
-}
-
 /* Reads every message of queue (waiting up to timeout_ms for `expected`, then 300 ms for any
  * more) into ids (capacity cap); returns how many. */
 static size_t drain_ids(const char *queue, size_t expected, int timeout_ms, int64_t *ids,
@@ -413,9 +408,12 @@ Test(outbox_relay, pending_rows_go_out_in_id_order_with_properties_and_are_marke
         cr_expect(msg.body.len == strlen(body) && memcmp(msg.body.bytes, body, msg.body.len) == 0,
                   "body %d changed", i);
         cr_expect(p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG);
-        cr_expect(bytes_eq(p->message_id, key), "message_id is not the row's biz_key");
-        cr_expect(bytes_eq(p->content_type, i % 2 ? "application/msgpack" : "application/json"));
-        cr_expect(bytes_eq(p->app_id, "idemq"));
+        cr_expect(harness_bytes_eq(p->message_id, amqp_cstring_bytes(key)),
+                  "message_id is not the row's biz_key");
+        cr_expect(harness_bytes_eq(
+            p->content_type,
+            amqp_cstring_bytes(i % 2 ? "application/msgpack" : "application/json")));
+        cr_expect(harness_bytes_eq(p->app_id, amqp_cstring_bytes("idemq")));
         cr_expect_eq(p->delivery_mode, 2);
         long long created = harness_scalar(
             &F.h, "SELECT FLOOR(UNIX_TIMESTAMP(created_at)) FROM idemq_outbox WHERE id = %lld",
@@ -560,7 +558,8 @@ Test(outbox_relay, notify_publishes_at_once_while_the_poll_interval_is_a_minute)
             amqp_destroy_message(&msg);
             cr_assert(get_message(q, &msg, 2000));
         }
-        cr_assert(bytes_eq(msg.properties.message_id, key), "round %d: another message", i);
+        cr_assert(harness_bytes_eq(msg.properties.message_id, amqp_cstring_bytes(key)),
+                  "round %d: another message", i);
         amqp_destroy_message(&msg);
     }
     qsort(latency, ROUNDS, sizeof latency[0], cmp_i64);

@@ -152,6 +152,11 @@ void harness_write_config(harness *h, const harness_options *o)
     fclose(f);
 }
 
+bool harness_bytes_eq(amqp_bytes_t a, amqp_bytes_t b)
+{
+    return a.len == b.len && (a.len == 0 || memcmp(a.bytes, b.bytes, a.len) == 0);
+}
+
 void harness_init(harness *h, const char *test_name, const harness_options *opts)
 {
     memset(h, 0, sizeof *h);
@@ -251,8 +256,7 @@ void harness_fixture_init(harness_fixture *f, const char *test_name, const harne
 
 void harness_fixture_start(harness_fixture *f, const char *ready_line, int timeout_ms)
 {
-    harness_declare_topology(&f->h);
-    harness_start_idemq(&f->h, ready_line, timeout_ms, &f->daemon);
+    harness_start_declared(&f->h, ready_line, timeout_ms, &f->daemon);
 }
 
 void harness_fixture_fini(harness_fixture *f)
@@ -552,6 +556,20 @@ void harness_publish_batch(harness *h, const char *routing_key, const char *cont
     }
 }
 
+long harness_queue_depth_of(harness *h, const char *suffix)
+{
+    char name[200];
+    snprintf(name, sizeof name, "%s%s", h->queue, suffix);
+    return harness_queue_depth(h, name);
+}
+
+bool harness_wait_queue_depth_of(harness *h, const char *suffix, long expected, int timeout_ms)
+{
+    char name[200];
+    snprintf(name, sizeof name, "%s%s", h->queue, suffix);
+    return harness_wait_queue_depth(h, name, expected, timeout_ms);
+}
+
 bool harness_queue_info(harness *h, const char *queue, long *messages, long *consumers)
 {
     amqp_queue_declare_ok_t *ok = amqp_queue_declare(
@@ -741,6 +759,12 @@ void harness_start_idemq(harness *h, const char *ready_line, int timeout_ms, pid
               "idemq did not start consuming");
 }
 
+void harness_start_declared(harness *h, const char *ready_line, int timeout_ms, pid_t *pid)
+{
+    harness_declare_topology(h);
+    harness_start_idemq(h, ready_line, timeout_ms, pid);
+}
+
 void harness_stop_idemq(pid_t *pid)
 {
     int rc = harness_stop(*pid, SIGTERM, 30000);
@@ -778,6 +802,12 @@ int harness_run_cli(harness *h, char **output, const char *const *args)
     }
     close(fd);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int harness_run_cli_command(harness *h, const char *command, char **output)
+{
+    const char *args[] = {command, "-c", h->config_path, NULL};
+    return harness_run_cli(h, output, args);
 }
 
 void harness_declare_topology(harness *h)
@@ -983,6 +1013,42 @@ int harness_http_get(int port, const char *path, char **body)
     if (body)
         *body = strdup(end ? end + 4 : "");
     free(raw);
+    return status;
+}
+
+void harness_endpoint_watch_init(harness_endpoint_watch *w, int port, int healthz_budget_ms)
+{
+    *w = (harness_endpoint_watch){
+        .port = port, .healthz_budget_ms = healthz_budget_ms, .readyz_status = -1};
+}
+
+int harness_endpoint_watch_poll(harness_endpoint_watch *w)
+{
+    int64_t t0 = harness_now_ms();
+    int status = harness_http_get(w->port, "/healthz", NULL);
+    int64_t took = harness_now_ms() - t0;
+    w->healthz_requests++;
+    if (took > w->healthz_worst_ms)
+        w->healthz_worst_ms = took;
+    if (status != 200 || took > w->healthz_budget_ms)
+        w->healthz_bad++;
+
+    char *body = NULL;
+    status = harness_http_get(w->port, "/readyz", &body);
+    w->readyz_at_ms = harness_now_ms();
+    w->readyz_requests++;
+    w->readyz_status = status;
+    snprintf(w->readyz_body, sizeof w->readyz_body, "%s", body ? body : "");
+    free(body);
+    if (status == 200) {
+        w->readyz_ready++;
+    } else if (status != 503) {
+        w->readyz_other++;
+    } else {
+        if (!w->readyz_first_unready[0])
+            memcpy(w->readyz_first_unready, w->readyz_body, sizeof w->readyz_body);
+        memcpy(w->readyz_last_unready, w->readyz_body, sizeof w->readyz_body);
+    }
     return status;
 }
 
