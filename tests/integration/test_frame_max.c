@@ -138,6 +138,14 @@ static bool got_one(harness *h, void *arg)
     return harness_get(h, w->queue, w->out);
 }
 
+/* got_one on the side channel (side_get). */
+static bool side_got(harness *h, void *arg)
+{
+    (void)h;
+    get_wait *w = arg;
+    return side_get(w->queue, w->out);
+}
+
 /* A message whose producer headers make its header frame exactly `target` bytes: an optional
  * header "big" of big_len bytes, then headers "p-NNN" of about piece bytes each. */
 #define PIECES_MAX 1200
@@ -334,11 +342,9 @@ Test(frame_max, broker_additions_fit_the_headroom, .fini = teardown, .timeout = 
      * then returned once and read again (x-delivery-count 1). */
     side_open();
     amqp_message_t first, again;
-    int64_t deadline = harness_now_ms() + 10000;
-    bool got = false;
-    while (!got && harness_now_ms() < deadline)
-        got = side_get(long_queue, &first);
-    cr_assert(got, "the copy did not come back from %s", retry_queue);
+    get_wait back = {.queue = long_queue, .out = &first};
+    cr_assert(harness_wait_for(side_got, h, &back, 10000), "the copy did not come back from %s",
+              retry_queue);
     side_close();
     side_open();
     cr_assert(side_get(long_queue, &again), "the returned copy is not in %s", long_queue);

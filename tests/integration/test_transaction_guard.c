@@ -136,17 +136,24 @@ static void outcome_line(const char *order_id, long n, char *buf, size_t len)
 /* Waits until order_id's message has had n outcomes (processed, retried, dead_lettered, ...)
  * and returns the n-th log line in buf: the test then asserts on what happened, instead of
  * waiting out a deadline for the one outcome it expects. */
+typedef struct outcome_wait {
+    const char *key;
+    long n;
+} outcome_wait;
+
+static bool outcomes_reached(harness *h, void *arg)
+{
+    const outcome_wait *w = arg;
+    return harness_log_count_both(h->log_path, w->key, "\"outcome\":") >= w->n;
+}
+
 static void wait_outcome(const char *order_id, long n, char *buf, size_t len)
 {
     char key[160];
     snprintf(key, sizeof key, "\"biz_key\":\"order_id:%s:PAY\"", order_id);
-    int64_t deadline = harness_now_ms() + DEADLINE_MS;
-    while (harness_log_count_both(H.log_path, key, "\"outcome\":") < n) {
-        cr_assert(harness_now_ms() < deadline, "%s's message had no outcome %ld within %d ms",
-                  order_id, n, DEADLINE_MS);
-        struct timespec pause = {.tv_nsec = 20 * 1000000};
-        nanosleep(&pause, NULL);
-    }
+    outcome_wait w = {.key = key, .n = n};
+    cr_assert(harness_wait_for(outcomes_reached, &H, &w, DEADLINE_MS),
+              "%s's message had no outcome %ld within %d ms", order_id, n, DEADLINE_MS);
     outcome_line(order_id, n, buf, len);
 }
 

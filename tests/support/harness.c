@@ -735,17 +735,25 @@ pid_t harness_spawn(harness *h)
     return harness_spawn_logged(h, h->log_path);
 }
 
+int harness_wait_exit(pid_t pid, int timeout_ms)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    for (;;) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return status;
+        if (harness_now_ms() >= deadline)
+            return -1;
+        pause_ms(10);
+    }
+}
+
 int harness_stop(pid_t pid, int sig, int timeout_ms)
 {
     kill(pid, sig);
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    int status;
-    while (harness_now_ms() < deadline) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        pause_ms(10);
-    }
+    int status = harness_wait_exit(pid, timeout_ms);
+    if (status != -1)
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
     return -1;

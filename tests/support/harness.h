@@ -200,6 +200,10 @@ pid_t harness_spawn(harness *h);
 /* Like harness_spawn, but stdout+stderr go to log_path (appending): for a second idemq process
  * on the same test. */
 pid_t harness_spawn_logged(harness *h, const char *log_path);
+/* Waits up to timeout_ms (0: just looks) for the child pid to exit and reaps it; returns its wait
+ * status (WIFEXITED...), or -1 when it still runs (it is left running). */
+int harness_wait_exit(pid_t pid, int timeout_ms);
+
 /* Sends sig and waits up to timeout_ms for exit; returns the exit status (or -1 on timeout,
  * after which the process is killed). */
 int harness_stop(pid_t pid, int sig, int timeout_ms);
