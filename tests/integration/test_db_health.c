@@ -357,12 +357,13 @@ Test(db_health, staleness_fails_the_state_when_the_client_waits_longer)
     db_health_status s;
     int64_t failed = wait_state(false, READINESS_MS, &s);
     cr_assert(failed >= 0, "still ok %d ms after the freeze", READINESS_MS);
-    cr_assert(failed <= 500 + 1500 + 300, "stale only after %lld ms", (long long)failed);
+    /* interval + stale_ms, with room for a loaded machine: without the bound it takes 20 s. */
+    cr_assert(failed <= 500 + 1500 + 1500, "stale only after %lld ms", (long long)failed);
     cr_assert(s.stale);
     cr_assert(strstr(s.reason, "did not answer within 20 s (health probe stuck for"), "reason: %s",
               s.reason);
     cr_log_info("stale %lld ms after the freeze: %s", (long long)failed, s.reason);
     int64_t took = timed_free();
-    cr_assert(took < 1000, "free took %lld ms with a 20 s client timeout", (long long)took);
+    cr_assert(took < FREE_MS, "free took %lld ms with a 20 s client timeout", (long long)took);
     cr_log_info("free with a probe stuck in a query (20 s timeout): %lld ms", (long long)took);
 }
