@@ -79,18 +79,27 @@ static void start_health(const db_dsn *dsn, const db_health_options *opts)
 
 /* Polls the state every 20 ms until its ok is `ok`, for up to timeout_ms. Returns the ms it took,
  * or -1 on timeout; *last gets the last state read. */
+typedef struct state_wait {
+    bool ok;         /* the state waited for */
+    uint64_t probes; /* or: completed probes waited for */
+    db_health_status *last;
+} state_wait;
+
+static bool state_is(harness *h, void *arg)
+{
+    (void)h;
+    state_wait *w = arg;
+    db_health_read(health, w->last);
+    return w->last->ok == w->ok;
+}
+
 static int64_t wait_state(bool ok, int timeout_ms, db_health_status *last)
 {
     int64_t start = harness_now_ms();
-    for (;;) {
-        db_health_read(health, last);
-        int64_t waited = harness_now_ms() - start;
-        if (last->ok == ok)
-            return waited;
-        if (waited > timeout_ms)
-            return -1;
-        poll(NULL, 0, 20);
-    }
+    state_wait w = {.ok = ok, .last = last};
+    if (!harness_wait_for(state_is, NULL, &w, timeout_ms))
+        return -1;
+    return harness_now_ms() - start;
 }
 
 static void wait_ok(int timeout_ms, const char *when)
@@ -102,19 +111,23 @@ static void wait_ok(int timeout_ms, const char *when)
     cr_log_info("health ok %s after %lld ms", when, (long long)took);
 }
 
+static bool probes_done(harness *h, void *arg)
+{
+    (void)h;
+    state_wait *w = arg;
+    db_health_read(health, w->last);
+    return w->last->probes >= w->probes;
+}
+
 /* Waits until at least `more` probes complete after the current one. */
 static void wait_probes(uint64_t more, int timeout_ms)
 {
     db_health_status s;
     db_health_read(health, &s);
-    uint64_t target = s.probes + more;
-    int64_t start = harness_now_ms();
-    while (s.probes < target) {
-        cr_assert(harness_now_ms() - start < timeout_ms, "only %llu of %llu probes completed",
-                  (unsigned long long)s.probes, (unsigned long long)target);
-        poll(NULL, 0, 20);
-        db_health_read(health, &s);
-    }
+    state_wait w = {.probes = s.probes + more, .last = &s};
+    cr_assert(harness_wait_for(probes_done, NULL, &w, timeout_ms),
+              "only %llu of %llu probes completed", (unsigned long long)s.probes,
+              (unsigned long long)w.probes);
 }
 
 typedef struct unread_wait {

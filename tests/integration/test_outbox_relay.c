@@ -242,20 +242,32 @@ static long long count_state(int state)
 
 typedef bool (*stats_pred)(const outbox_relay_stats *s, void *arg);
 
-/* Polls r's stats every 10 ms until pred holds; returns the ms it took, or -1 after timeout_ms
+/* Polls r's stats (harness_wait_for: every 20 ms) until pred holds; returns the ms it took, or -1
+ * after timeout_ms
  * (*last: the last stats read). */
+typedef struct stats_wait {
+    outbox_relay *r;
+    stats_pred pred;
+    void *arg;
+    outbox_relay_stats *last;
+} stats_wait;
+
+static bool stats_hold(harness *h, void *arg)
+{
+    (void)h;
+    stats_wait *w = arg;
+    outbox_relay_read(w->r, w->last);
+    return w->pred(w->last, w->arg);
+}
+
 static int64_t wait_stats(outbox_relay *r, stats_pred pred, void *arg, int timeout_ms,
                           outbox_relay_stats *last)
 {
     int64_t start = harness_now_ms();
-    for (;;) {
-        outbox_relay_read(r, last);
-        if (pred(last, arg))
-            return harness_now_ms() - start;
-        if (harness_now_ms() - start > timeout_ms)
-            return -1;
-        pause_ms(10);
-    }
+    stats_wait w = {.r = r, .pred = pred, .arg = arg, .last = last};
+    if (!harness_wait_for(stats_hold, &F.h, &w, timeout_ms))
+        return -1;
+    return harness_now_ms() - start;
 }
 
 static bool is_leader_connected(const outbox_relay_stats *s, void *arg)
@@ -932,6 +944,19 @@ Test(outbox_relay, nacked_rows_stay_pending_and_go_out_in_order_once_there_is_ro
 
 /* ----------------------------------------------------------------------------- hung database */
 
+typedef struct stuck_wait {
+    outbox_relay *r;
+    char *reason; /* gets outbox_relay_stuck's reason */
+    size_t len;
+} stuck_wait;
+
+static bool relay_stuck(harness *h, void *arg)
+{
+    (void)h;
+    stuck_wait *w = arg;
+    return outbox_relay_stuck(w->r, w->reason, w->len);
+}
+
 Test(outbox_relay, a_hung_database_shows_as_stuck_and_stop_stays_bounded)
 {
     setup("outbox_hung_db", &(relay_settings){.db_through_proxy = true, .stuck_ms = 2000});
@@ -942,10 +967,8 @@ Test(outbox_relay, a_hung_database_shows_as_stuck_and_stop_stays_bounded)
     cr_assert_not(outbox_relay_stuck(r, reason, sizeof reason), "%s", reason);
     freeze_proxy_freeze(proxy);
     int64_t frozen_at = harness_now_ms();
-    bool stuck = false;
-    while (!(stuck = outbox_relay_stuck(r, reason, sizeof reason)) &&
-           harness_now_ms() - frozen_at < 8000)
-        pause_ms(20);
+    stuck_wait sw = {.r = r, .reason = reason, .len = sizeof reason};
+    bool stuck = harness_wait_for(relay_stuck, &F.h, &sw, 8000);
     int64_t took = harness_now_ms() - frozen_at;
     cr_assert(stuck, "not stuck %lld ms into a frozen database", (long long)took);
     cr_assert(strstr(reason, "its thread has not finished a round"), "%s", reason);
