@@ -871,24 +871,30 @@ long harness_log_count_in(const char *log_path, const char *needle)
 }
 
 typedef struct log_wait {
-    const char *needle;
+    const char *log_path, *needle;
     long at_least;
 } log_wait;
 
 static bool log_reached(harness *h, void *arg)
 {
+    (void)h;
     log_wait *w = arg;
-    return harness_log_count(h, w->needle) >= w->at_least;
+    return harness_log_count_in(w->log_path, w->needle) >= w->at_least;
+}
+
+bool harness_wait_log_in(const char *log_path, const char *needle, long at_least, int timeout_ms)
+{
+    log_wait w = {.log_path = log_path, .needle = needle, .at_least = at_least};
+    bool ok = harness_wait_for(log_reached, NULL, &w, timeout_ms);
+    if (!ok)
+        cr_log_error("waited %d ms for %ld line(s) of %s containing %s; found %ld", timeout_ms,
+                     at_least, log_path, needle, harness_log_count_in(log_path, needle));
+    return ok;
 }
 
 bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout_ms)
 {
-    log_wait w = {.needle = needle, .at_least = at_least};
-    bool ok = harness_wait_for(log_reached, h, &w, timeout_ms);
-    if (!ok)
-        cr_log_error("waited %d ms for %ld log line(s) containing %s; found %ld", timeout_ms,
-                     at_least, needle, harness_log_count(h, needle));
-    return ok;
+    return harness_wait_log_in(h->log_path, needle, at_least, timeout_ms);
 }
 
 /* "2026-01-02T03:04:05.678Z" → ms since the Unix epoch; -1 when it does not parse. */

@@ -266,6 +266,11 @@ long harness_log_count_both(const char *log_path, const char *needle, const char
  * asserts, with its own message. */
 bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout_ms);
 
+/* harness_wait_log for the file at log_path (borrowed; e.g. a second idemq's, from
+ * harness_spawn_logged): waits up to timeout_ms until it holds at least at_least lines containing
+ * needle; on timeout logs how many it found and returns false. */
+bool harness_wait_log_in(const char *log_path, const char *needle, long at_least, int timeout_ms);
+
 /* Reads the idemq log (one JSON object per line) into a JSON array. Lines that are not JSON are
  * skipped; two objects glued together by a crash mid-write are split. Each object gets "_line"
  * (0-based index in the array) and "_ts_ms" (its "ts" as ms since the Unix epoch). */
