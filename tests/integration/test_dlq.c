@@ -68,12 +68,6 @@ static void queue_name(char *buf, size_t len, const char *suffix)
     snprintf(buf, len, "%s%s", H.queue, suffix);
 }
 
-static const char *jstr(json_t *obj, const char *key)
-{
-    const char *s = json_string_value(json_object_get(obj, key));
-    return s ? s : "";
-}
-
 static void biz_key_of(int i, char *buf, size_t len)
 {
     snprintf(buf, len, "order_id:o%d:PAY_SUCCESS", i);
@@ -184,7 +178,7 @@ static void list_keys(char *buf, size_t len, char **raw)
     buf[0] = '\0';
     for (size_t i = 0; i < json_array_size(messages); i++)
         used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? " " : "",
-                                 jstr(json_array_get(messages, i), "biz_key"));
+                                 harness_json_str(json_array_get(messages, i), "biz_key"));
     json_decref(doc);
     if (raw)
         *raw = out;
@@ -498,12 +492,14 @@ Test(dlq, listing_preserves_order_and_bodies, .fini = teardown, .timeout = 60)
     json_t *doc = harness_output_json(out);
     json_t *messages = json_object_get(doc, "messages");
     cr_assert_eq(json_array_size(messages), 2, "%s", out);
-    cr_assert_str_eq(jstr(json_array_get(messages, 0), "biz_key"), "order_id:o0:PAY_SUCCESS");
-    cr_assert_str_eq(jstr(json_array_get(messages, 1), "biz_key"), "order_id:o1:PAY_SUCCESS");
+    cr_assert_str_eq(harness_json_str(json_array_get(messages, 0), "biz_key"),
+                     "order_id:o0:PAY_SUCCESS");
+    cr_assert_str_eq(harness_json_str(json_array_get(messages, 1), "biz_key"),
+                     "order_id:o1:PAY_SUCCESS");
     json_t *first = json_array_get(messages, 0);
-    cr_assert_str_eq(jstr(first, "error_class"), "non_retryable");
-    cr_assert_str_eq(jstr(first, "error"), "illegal transition #0");
-    cr_assert_str_eq(jstr(first, "first_failed_at"), "2023-11-14T22:13:20Z");
+    cr_assert_str_eq(harness_json_str(first, "error_class"), "non_retryable");
+    cr_assert_str_eq(harness_json_str(first, "error"), "illegal transition #0");
+    cr_assert_str_eq(harness_json_str(first, "first_failed_at"), "2023-11-14T22:13:20Z");
     json_decref(doc);
     free(out);
 

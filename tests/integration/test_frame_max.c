@@ -227,12 +227,6 @@ static int dlq_cli(char **out, const char *a1, const char *a2, const char *a3, c
     return harness_run_cli(&F.h, out, args);
 }
 
-static const char *jstr(json_t *obj, const char *key)
-{
-    const char *s = json_string_value(json_object_get(obj, key));
-    return s ? s : "";
-}
-
 static void dlq_name(char *buf, size_t len)
 {
     snprintf(buf, len, "%s.dlq", F.h.queue);
@@ -403,7 +397,7 @@ Test(frame_max, dlq_bound_messages_near_frame_max_reach_the_dlq_and_the_queue_fl
     json_t *doc = expect_listing(2);
     for (size_t i = 0; i < 2; i++) {
         json_t *e = json_array_get(json_object_get(doc, "messages"), i);
-        cr_expect_str_eq(jstr(e, "error_class"), "non_retryable");
+        cr_expect_str_eq(harness_json_str(e, "error_class"), "non_retryable");
         cr_expect_eq(json_integer_value(json_object_get(e, "copies")), 1);
     }
     json_decref(doc);
@@ -461,8 +455,8 @@ Test(frame_max, a_retried_copy_near_frame_max_climbs_the_ladder_and_stays_readab
 
     json_t *doc = expect_listing(1);
     json_t *e = json_array_get(json_object_get(doc, "messages"), 0);
-    cr_expect_str_eq(jstr(e, "biz_key"), "order_id:ghost:PAY_SUCCESS");
-    cr_expect_str_eq(jstr(e, "error_class"), "retries_exhausted");
+    cr_expect_str_eq(harness_json_str(e, "biz_key"), "order_id:ghost:PAY_SUCCESS");
+    cr_expect_str_eq(harness_json_str(e, "error_class"), "retries_exhausted");
     cr_expect_eq(json_integer_value(json_object_get(e, "retries")), 2);
     json_decref(doc);
 
@@ -525,8 +519,9 @@ Test(frame_max, dlq_reads_and_replays_a_dead_letter_that_the_broker_pushed_over_
                  delivered, fm);
 
     json_t *doc = expect_listing(1);
-    cr_expect_str_eq(jstr(json_array_get(json_object_get(doc, "messages"), 0), "biz_key"),
-                     "order_id:legacy:PAY_SUCCESS");
+    cr_expect_str_eq(
+        harness_json_str(json_array_get(json_object_get(doc, "messages"), 0), "biz_key"),
+        "order_id:legacy:PAY_SUCCESS");
     json_decref(doc);
     char *out = NULL;
     int rc = dlq_cli(&out, "replay", "--all", "--json", NULL);
@@ -611,7 +606,7 @@ static void listing_keys(json_t *doc, char *buf, size_t len)
     for (size_t i = 0; i < json_array_size(messages) && used < len; i++) {
         json_t *e = json_array_get(messages, i);
         json_int_t copies = json_integer_value(json_object_get(e, "copies"));
-        const char *key = jstr(e, "biz_key");
+        const char *key = harness_json_str(e, "biz_key");
         key = strncmp(key, "order_id:", 9) == 0 ? key + 9 : key; /* "order_id:a:PAY" -> "a" */
         int key_len = (int)strcspn(key, ":");
         used += (size_t)snprintf(buf + used, len - used, "%s%.*s", i ? " " : "", key_len, key);

@@ -127,12 +127,6 @@ static void one_transaction_per_message(void)
     harness_config_replace_line(&H, "mysql: ", found);
 }
 
-static const char *jstr(json_t *obj, const char *key)
-{
-    const char *s = json_string_value(json_object_get(obj, key));
-    return s ? s : "";
-}
-
 static long long jint(json_t *obj, const char *key)
 {
     json_t *v = json_object_get(obj, key);
@@ -148,7 +142,7 @@ static json_t *outcome_lines(json_t *all, const char *biz_key)
     json_array_foreach(all, i, line) {
         if (!json_object_get(line, "outcome"))
             continue;
-        if (biz_key && strcmp(jstr(line, "biz_key"), biz_key) != 0)
+        if (biz_key && strcmp(harness_json_str(line, "biz_key"), biz_key) != 0)
             continue;
         json_array_append(out, line);
     }
@@ -160,9 +154,8 @@ static long count_outcome(json_t *lines, const char *outcome)
     long n = 0;
     size_t i;
     json_t *line;
-    json_array_foreach(lines, i, line)
-        if (strcmp(jstr(line, "outcome"), outcome) == 0)
-            n++;
+    json_array_foreach(lines, i, line) if (strcmp(harness_json_str(line, "outcome"), outcome) == 0)
+        n++;
     return n;
 }
 
@@ -204,7 +197,7 @@ static char *scrape_metrics(void)
     size_t i;
     json_t *line;
     json_array_foreach(all, i, line) {
-        const char *msg = jstr(line, "msg");
+        const char *msg = harness_json_str(line, "msg");
         if (strncmp(msg, "http listening on ", 18) == 0)
             sscanf(msg + 18, "%63[^:]:%d", host, &port);
     }
@@ -326,13 +319,15 @@ Test(retry, fails_three_times_then_succeeds_within_schedule, .fini = teardown, .
         json_t *line = json_array_get(lines, (size_t)n);
         cr_assert_eq(jint(line, "retries"), n, "attempt %d logged retries %lld", n,
                      jint(line, "retries"));
-        cr_assert_str_eq(jstr(line, "outcome"), n < 3 ? "retried" : "processed");
+        cr_assert_str_eq(harness_json_str(line, "outcome"), n < 3 ? "retried" : "processed");
         if (n < 3)
-            cr_assert(strstr(jstr(line, "msg"), "MySQL error 1213 (40001): injected deadlock"),
+            cr_assert(strstr(harness_json_str(line, "msg"),
+                             "MySQL error 1213 (40001): injected deadlock"),
                       "the SIGNALed deadlock should reach idemq as errno 1213: %s",
-                      jstr(line, "msg"));
+                      harness_json_str(line, "msg"));
     }
-    cr_assert_str_eq(jstr(json_array_get(lines, 3), "msg"), "processed after 3 retries");
+    cr_assert_str_eq(harness_json_str(json_array_get(lines, 3), "msg"),
+                     "processed after 3 retries");
 
     /* Delays: attempt n comes back after [base*2^(n-1), base*2^(n-1) + jitter + tolerance]. */
     for (int n = 1; n <= 3; n++) {
@@ -341,8 +336,9 @@ Test(retry, fails_three_times_then_succeeds_within_schedule, .fini = teardown, .
         int64_t measured = jint(cur, "_ts_ms") - jint(prev, "_ts_ms");
         unsigned level = 0, of = 0;
         unsigned long long drawn = 0;
-        cr_assert_eq(sscanf(jstr(prev, "msg"), "retry %u of %u in %llu ms", &level, &of, &drawn),
-                     3, "unexpected retry log text: %s", jstr(prev, "msg"));
+        cr_assert_eq(
+            sscanf(harness_json_str(prev, "msg"), "retry %u of %u in %llu ms", &level, &of, &drawn),
+            3, "unexpected retry log text: %s", harness_json_str(prev, "msg"));
         fprintf(stderr,
                 "[measure] retry %d: drawn delay %llu ms (schedule %" PRId64 "..%" PRId64
                 "), measured %" PRId64 " ms (bound %" PRId64 "..%" PRId64 ")\n",
@@ -425,11 +421,12 @@ Test(retry, always_failing_ends_in_dlq_with_original_body_and_headers, .fini = t
     for (int n = 0; n < 4; n++)
         cr_assert_eq(jint(json_array_get(lines, (size_t)n), "retries"), n);
     json_t *last = json_array_get(lines, 3);
-    cr_assert_str_eq(jstr(last, "outcome"), "dead_lettered");
+    cr_assert_str_eq(harness_json_str(last, "outcome"), "dead_lettered");
     const char *prefix = "dead-lettered (retries_exhausted): ";
-    cr_assert(strncmp(jstr(last, "msg"), prefix, strlen(prefix)) == 0, "%s", jstr(last, "msg"));
+    cr_assert(strncmp(harness_json_str(last, "msg"), prefix, strlen(prefix)) == 0, "%s",
+              harness_json_str(last, "msg"));
     char last_error[1100];
-    snprintf(last_error, sizeof last_error, "%s", jstr(last, "msg") + strlen(prefix));
+    snprintf(last_error, sizeof last_error, "%s", harness_json_str(last, "msg") + strlen(prefix));
     int64_t first_failure_logged = jint(json_array_get(lines, 0), "_ts_ms");
     int64_t last_failure_logged = jint(last, "_ts_ms");
     cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM attempts"), 4);
@@ -741,7 +738,8 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
         snprintf(key, sizeof key, "order_id:k%d:PAY_SUCCESS", i);
         json_t *lines = outcome_lines(before, key);
         size_t n = json_array_size(lines);
-        if (n > 0 && strcmp(jstr(json_array_get(lines, n - 1), "outcome"), "retried") == 0)
+        if (n > 0 &&
+            strcmp(harness_json_str(json_array_get(lines, n - 1), "outcome"), "retried") == 0)
             snprintf(laddered[laddered_count++], sizeof laddered[0], "%s", key);
         json_decref(lines);
     }
@@ -805,7 +803,7 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
                       "%s logged retries %lld: more than its 2 failures allow", key, retries);
             if (seen[retries]++)
                 fork = true;
-            if (strcmp(jstr(line, "outcome"), "processed") == 0 &&
+            if (strcmp(harness_json_str(line, "outcome"), "processed") == 0 &&
                 (size_t)jint(line, "_line") >= lines_before && retries == 2)
                 for (size_t k = 0; k < laddered_count; k++)
                     if (strcmp(laddered[k], key) == 0)
@@ -822,7 +820,8 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
                 json_t *l = json_array_get(lines, (size_t)n);
                 cr_assert_eq(jint(l, "retries"), n, "%s: line %d has retries %lld", key, n,
                              jint(l, "retries"));
-                cr_assert_str_eq(jstr(l, "outcome"), n < 2 ? "retried" : "processed", "%s", key);
+                cr_assert_str_eq(harness_json_str(l, "outcome"), n < 2 ? "retried" : "processed",
+                                 "%s", key);
             }
         }
         json_decref(lines);
@@ -883,8 +882,8 @@ Test(retry, retries_reach_only_the_consumer_queue_not_topic_siblings, .fini = te
     cr_assert_eq(json_array_size(lines), 3);
     for (int n = 0; n < 3; n++)
         cr_assert_eq(jint(json_array_get(lines, (size_t)n), "retries"), n);
-    cr_assert(strstr(jstr(json_array_get(lines, 0), "msg"), "not found"), "%s",
-                     jstr(json_array_get(lines, 0), "msg"));
+    cr_assert(strstr(harness_json_str(json_array_get(lines, 0), "msg"), "not found"), "%s",
+              harness_json_str(json_array_get(lines, 0), "msg"));
     json_decref(lines);
     json_decref(all);
 
@@ -968,7 +967,7 @@ static bool key_in_listing(json_t *doc, const char *key, json_t **found)
     size_t i;
     json_t *msg;
     json_array_foreach(json_object_get(doc, "messages"), i, msg) {
-        if (strcmp(jstr(msg, "biz_key"), key) == 0) {
+        if (strcmp(harness_json_str(msg, "biz_key"), key) == 0) {
             if (found)
                 *found = msg;
             return true;
@@ -1013,15 +1012,15 @@ Test(retry, dlq_list_keeps_replay_applies_once_and_purge_needs_yes, .fini = tear
     free(out);
     char dlq[200];
     queue_name(dlq, sizeof dlq, ".dlq");
-    cr_assert_str_eq(jstr(doc, "queue"), dlq);
+    cr_assert_str_eq(harness_json_str(doc, "queue"), dlq);
     cr_assert_eq(json_array_size(json_object_get(doc, "messages")), 3);
     json_t *entry = NULL;
     cr_assert(key_in_listing(doc, "order_id:d1:REFUND_START", &entry));
-    cr_assert_str_eq(jstr(entry, "error_class"), "non_retryable");
-    cr_assert(strstr(jstr(entry, "error"), "illegal transition"));
+    cr_assert_str_eq(harness_json_str(entry, "error_class"), "non_retryable");
+    cr_assert(strstr(harness_json_str(entry, "error"), "illegal transition"));
     cr_assert_eq(jint(entry, "retries"), 0);
     cr_assert(json_is_string(json_object_get(entry, "first_failed_at")) &&
-              strcmp(jstr(entry, "first_failed_at"), "-") != 0);
+              strcmp(harness_json_str(entry, "first_failed_at"), "-") != 0);
     cr_assert(json_is_integer(json_object_get(entry, "age_seconds")));
     json_decref(doc);
     cr_assert(harness_wait_queue_depth_of(&H, ".dlq", 3, 5000),

@@ -1412,6 +1412,12 @@ void harness_publish_payments(harness *h, const char *prefix, int count)
     free(lens);
 }
 
+const char *harness_json_str(const json_t *obj, const char *key)
+{
+    const char *s = json_string_value(json_object_get(obj, key));
+    return s ? s : "";
+}
+
 long harness_summary_total(const char *log_path, const char *counter)
 {
     FILE *f = fopen(log_path, "r");
