@@ -276,8 +276,8 @@ bool harness_wait_log_in(const char *log_path, const char *needle, long at_least
  * (0-based index in the array) and "_ts_ms" (its "ts" as ms since the Unix epoch). */
 struct json_t *harness_log_load(harness *h);
 
-/* The string member key (borrowed) of a JSON object (borrowed, may be NULL): borrowed from obj,
- * "" when obj is not an object, or key is absent or not a string. */
+/* obj's string member key (obj and key borrowed; obj may be NULL): borrowed from obj; "" when
+ * obj is no object, or has no string member key. */
 const char *harness_json_str(const struct json_t *obj, const char *key);
 
 /* Sum of counter (e.g. "processed") over every "summary" line of the log at log_path (one per
