@@ -121,24 +121,33 @@ static json_t *outcomes(const char *order, const char *event)
 
 /* Waits until biz_key order:event has logged at least count outcomes (the loop writes a batch's
  * lines one after another) and the first is want; returns the outcomes. */
+typedef struct outcomes_wait {
+    const char *order, *event;
+    size_t count;
+    json_t *got; /* the last outcomes read (owned) */
+} outcomes_wait;
+
+static bool outcomes_logged(harness *h, void *arg)
+{
+    (void)h;
+    outcomes_wait *w = arg;
+    json_decref(w->got);
+    w->got = outcomes(w->order, w->event);
+    return json_array_size(w->got) >= w->count;
+}
+
 static json_t *wait_outcomes(const char *order, const char *event, size_t count, const char *want)
 {
-    int64_t deadline = harness_now_ms() + DEADLINE_MS;
-    for (;;) {
-        json_t *o = outcomes(order, event);
-        if (json_array_size(o) >= count || harness_now_ms() > deadline) {
-            const char *first = json_string_value(json_array_get(o, 0));
-            cr_assert(first, "order_id:%s:%s logged no outcome", order, event);
-            cr_assert_geq(json_array_size(o), count, "order_id:%s:%s logged %zu outcomes", order,
-                          event, json_array_size(o));
-            cr_assert_str_eq(first, want, "order_id:%s:%s: first outcome %s, expected %s", order,
-                             event, first, want);
-            return o;
-        }
-        json_decref(o);
-        struct timespec pause = {.tv_nsec = 20 * 1000000};
-        nanosleep(&pause, NULL);
-    }
+    outcomes_wait w = {.order = order, .event = event, .count = count};
+    harness_wait_for(outcomes_logged, &F.h, &w, DEADLINE_MS);
+    json_t *o = w.got;
+    const char *first = json_string_value(json_array_get(o, 0));
+    cr_assert(first, "order_id:%s:%s logged no outcome", order, event);
+    cr_assert_geq(json_array_size(o), count, "order_id:%s:%s logged %zu outcomes", order, event,
+                  json_array_size(o));
+    cr_assert_str_eq(first, want, "order_id:%s:%s: first outcome %s, expected %s", order, event,
+                     first, want);
+    return o;
 }
 
 static bool miss_processed_logged(harness *h, void *arg)
@@ -345,16 +354,23 @@ static long long lock_victim_row(int filler_rows)
     return id;
 }
 
+typedef struct blocked_wait {
+    long long locker_id, batch_id; /* batch_id: 0 until found */
+} blocked_wait;
+
+static bool batch_blocked(harness *h, void *arg)
+{
+    (void)h;
+    blocked_wait *w = arg;
+    return (w->batch_id = batch_waiting_for_lock(w->locker_id)) != 0;
+}
+
 static long long wait_batch_blocked(long long locker_id)
 {
-    int64_t deadline = harness_now_ms() + DEADLINE_MS;
-    long long id;
-    while ((id = batch_waiting_for_lock(locker_id)) == 0) {
-        cr_assert(harness_now_ms() < deadline, "the batch never waited for the locked row");
-        struct timespec pause = {.tv_nsec = 20 * 1000000};
-        nanosleep(&pause, NULL);
-    }
-    return id;
+    blocked_wait w = {.locker_id = locker_id};
+    cr_assert(harness_wait_for(batch_blocked, &F.h, &w, DEADLINE_MS),
+              "the batch never waited for the locked row");
+    return w.batch_id;
 }
 
 Test(batch, a_deadlock_victim_batch_runs_each_message_alone_with_its_own_outcome)
@@ -619,20 +635,6 @@ Test(batch,
 
 #define KILLED_MESSAGES 40
 
-/* Waits up to timeout_ms for pid to exit; returns its wait status, or -1. */
-static int wait_exit(pid_t pid, int timeout_ms)
-{
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    int status;
-    while (harness_now_ms() < deadline) {
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return status;
-        struct timespec pause = {.tv_nsec = 20 * 1000000};
-        nanosleep(&pause, NULL);
-    }
-    return -1;
-}
-
 static void kill_after_commit(const char *name, const harness_options *o, const char *effects)
 {
     setup(name, o);
@@ -647,7 +649,7 @@ static void kill_after_commit(const char *name, const harness_options *o, const 
     setenv("IDEMQ_TEST_KILL_AFTER_COMMITS", "1", 1);
     start();
     unsetenv("IDEMQ_TEST_KILL_AFTER_COMMITS");
-    int status = wait_exit(F.daemon, DEADLINE_MS);
+    int status = harness_wait_exit(F.daemon, DEADLINE_MS);
     cr_assert(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
               "idemq did not kill itself after its first batch's COMMIT");
     F.daemon = 0;

@@ -79,18 +79,27 @@ static void start_health(const db_dsn *dsn, const db_health_options *opts)
 
 /* Polls the state every 20 ms until its ok is `ok`, for up to timeout_ms. Returns the ms it took,
  * or -1 on timeout; *last gets the last state read. */
+typedef struct state_wait {
+    bool ok;         /* the state waited for */
+    uint64_t probes; /* or: completed probes waited for */
+    db_health_status *last;
+} state_wait;
+
+static bool state_is(harness *h, void *arg)
+{
+    (void)h;
+    state_wait *w = arg;
+    db_health_read(health, w->last);
+    return w->last->ok == w->ok;
+}
+
 static int64_t wait_state(bool ok, int timeout_ms, db_health_status *last)
 {
     int64_t start = harness_now_ms();
-    for (;;) {
-        db_health_read(health, last);
-        int64_t waited = harness_now_ms() - start;
-        if (last->ok == ok)
-            return waited;
-        if (waited > timeout_ms)
-            return -1;
-        poll(NULL, 0, 20);
-    }
+    state_wait w = {.ok = ok, .last = last};
+    if (!harness_wait_for(state_is, NULL, &w, timeout_ms))
+        return -1;
+    return harness_now_ms() - start;
 }
 
 static void wait_ok(int timeout_ms, const char *when)
@@ -102,19 +111,46 @@ static void wait_ok(int timeout_ms, const char *when)
     cr_log_info("health ok %s after %lld ms", when, (long long)took);
 }
 
+static bool probes_done(harness *h, void *arg)
+{
+    (void)h;
+    state_wait *w = arg;
+    db_health_read(health, w->last);
+    return w->last->probes >= w->probes;
+}
+
 /* Waits until at least `more` probes complete after the current one. */
 static void wait_probes(uint64_t more, int timeout_ms)
 {
     db_health_status s;
     db_health_read(health, &s);
-    uint64_t target = s.probes + more;
-    int64_t start = harness_now_ms();
-    while (s.probes < target) {
-        cr_assert(harness_now_ms() - start < timeout_ms, "only %llu of %llu probes completed",
-                  (unsigned long long)s.probes, (unsigned long long)target);
-        poll(NULL, 0, 20);
-        db_health_read(health, &s);
-    }
+    state_wait w = {.probes = s.probes + more, .last = &s};
+    cr_assert(harness_wait_for(probes_done, NULL, &w, timeout_ms),
+              "only %llu of %llu probes completed", (unsigned long long)s.probes,
+              (unsigned long long)w.probes);
+}
+
+typedef struct unread_wait {
+    unsigned port;  /* the proxy's */
+    bool listening; /* its accept queue; else its accepted connections' unread bytes */
+} unread_wait;
+
+static bool unread_pending(harness *h, void *arg)
+{
+    (void)h;
+    const unread_wait *w = arg;
+    return harness_tcp_unread(w->port, w->listening) > 0;
+}
+
+/* Waits until the frozen proxy holds, unread, a probe's query (listening false: bytes sent on an
+ * accepted connection) or its connect (listening true: a connection in the accept queue): the
+ * probe is then blocked in that step. Fails the test after timeout_ms. */
+static void wait_probe_blocked(bool listening, int timeout_ms)
+{
+    unread_wait w = {.port = freeze_proxy_port(proxy), .listening = listening};
+    cr_assert(harness_wait_for(unread_pending, NULL, &w, timeout_ms),
+              "no probe %s reached the frozen proxy within %d ms",
+              listening ? "connect" : "query", timeout_ms);
 }
 
 static int64_t timed_free(void)
@@ -296,12 +332,11 @@ Test(db_health, free_returns_promptly_while_frozen)
     db_health_status s;
 
     /* Blocked in a query on the open connection: the shutdown cuts it short. A probe starts
-     * every second and the frozen one blocks for 2 s, so 1.2 s after the freeze one is blocked
-     * in its query (nothing observable marks the moment). */
+     * every second; once its query waits unread in the frozen proxy, it is blocked (for 2 s). */
     start_health(&dsn, NULL);
     wait_ok(START_MS, "after the start");
     freeze_proxy_freeze(proxy);
-    poll(NULL, 0, 1200);
+    wait_probe_blocked(false, READINESS_MS);
     db_health_read(health, &s);
     cr_assert(s.ok, "the first frozen probe should still be waiting: %s", s.reason);
     int64_t took = timed_free();
@@ -315,7 +350,7 @@ Test(db_health, free_returns_promptly_while_frozen)
     wait_ok(START_MS, "after the restart");
     freeze_proxy_freeze(proxy);
     cr_assert(wait_state(false, READINESS_MS, &s) >= 0);
-    poll(NULL, 0, 300);
+    wait_probe_blocked(true, READINESS_MS);
     took = timed_free();
     cr_assert(took < FREE_MS, "db_health_free took %lld ms while frozen (connect)",
               (long long)took);
@@ -335,12 +370,13 @@ Test(db_health, staleness_fails_the_state_when_the_client_waits_longer)
     db_health_status s;
     int64_t failed = wait_state(false, READINESS_MS, &s);
     cr_assert(failed >= 0, "still ok %d ms after the freeze", READINESS_MS);
-    cr_assert(failed <= 500 + 1500 + 300, "stale only after %lld ms", (long long)failed);
+    /* interval + stale_ms, with room for a loaded machine: without the bound it takes 20 s. */
+    cr_assert(failed <= 500 + 1500 + 1500, "stale only after %lld ms", (long long)failed);
     cr_assert(s.stale);
     cr_assert(strstr(s.reason, "did not answer within 20 s (health probe stuck for"), "reason: %s",
               s.reason);
     cr_log_info("stale %lld ms after the freeze: %s", (long long)failed, s.reason);
     int64_t took = timed_free();
-    cr_assert(took < 1000, "free took %lld ms with a 20 s client timeout", (long long)took);
+    cr_assert(took < FREE_MS, "free took %lld ms with a 20 s client timeout", (long long)took);
     cr_log_info("free with a probe stuck in a query (20 s timeout): %lld ms", (long long)took);
 }

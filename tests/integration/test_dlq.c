@@ -68,29 +68,6 @@ static void queue_name(char *buf, size_t len, const char *suffix)
     snprintf(buf, len, "%s%s", H.queue, suffix);
 }
 
-static long depth_of(const char *suffix)
-{
-    char name[200];
-    long messages = -1;
-    queue_name(name, sizeof name, suffix);
-    if (!harness_queue_info(&H, name, &messages, NULL))
-        return -1;
-    return messages;
-}
-
-static bool wait_depth(const char *suffix, long expected, int timeout_ms)
-{
-    char name[200];
-    queue_name(name, sizeof name, suffix);
-    return harness_wait_queue_depth(&H, name, expected, timeout_ms);
-}
-
-static const char *jstr(json_t *obj, const char *key)
-{
-    const char *s = json_string_value(json_object_get(obj, key));
-    return s ? s : "";
-}
-
 static void biz_key_of(int i, char *buf, size_t len)
 {
     snprintf(buf, len, "order_id:o%d:PAY_SUCCESS", i);
@@ -169,7 +146,8 @@ static void dead_letter_all(dead_letter_spec specs[DEAD_LETTERS])
         harness_publish_props(&H, dlx, H.queue, &specs[i].props, specs[i].body,
                               strlen(specs[i].body));
     }
-    cr_assert(wait_depth(".dlq", DEAD_LETTERS, 10000), "the dead letters did not arrive");
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", DEAD_LETTERS, 10000),
+              "the dead letters did not arrive");
 }
 
 /* Runs `idemq dlq ARGS... -c config` and returns its exit code; *out owned by the caller. */
@@ -200,7 +178,7 @@ static void list_keys(char *buf, size_t len, char **raw)
     buf[0] = '\0';
     for (size_t i = 0; i < json_array_size(messages); i++)
         used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? " " : "",
-                                 jstr(json_array_get(messages, i), "biz_key"));
+                                 harness_json_str(json_array_get(messages, i), "biz_key"));
     json_decref(doc);
     if (raw)
         *raw = out;
@@ -275,11 +253,6 @@ static int64_t delivery_count(const amqp_message_t *m)
     return message_header_int(&m->properties, "x-delivery-count", &count) ? count : -1;
 }
 
-static bool bytes_eq(amqp_bytes_t a, amqp_bytes_t b)
-{
-    return a.len == b.len && (a.len == 0 || memcmp(a.bytes, b.bytes, a.len) == 0);
-}
-
 static bool field_eq(const amqp_field_value_t *a, const amqp_field_value_t *b);
 
 /* Same keys with equal values; order does not count (RabbitMQ 4 sorts header tables). got's
@@ -289,11 +262,11 @@ static bool table_eq(const amqp_table_t *want, const amqp_table_t *got, bool ski
     int matched = 0;
     for (int i = 0; i < got->num_entries; i++) {
         const amqp_table_entry_t *e = &got->entries[i];
-        if (skip_delivery_count && bytes_eq(e->key, amqp_cstring_bytes("x-delivery-count")))
+        if (skip_delivery_count && harness_bytes_eq(e->key, amqp_cstring_bytes("x-delivery-count")))
             continue;
         bool found = false;
         for (int j = 0; j < want->num_entries && !found; j++)
-            found = bytes_eq(want->entries[j].key, e->key) &&
+            found = harness_bytes_eq(want->entries[j].key, e->key) &&
                     field_eq(&want->entries[j].value, &e->value);
         if (!found)
             return false;
@@ -309,7 +282,7 @@ static bool field_eq(const amqp_field_value_t *a, const amqp_field_value_t *b)
     switch (a->kind) {
     case AMQP_FIELD_KIND_UTF8:
     case AMQP_FIELD_KIND_BYTES:
-        return bytes_eq(a->value.bytes, b->value.bytes);
+        return harness_bytes_eq(a->value.bytes, b->value.bytes);
     case AMQP_FIELD_KIND_BOOLEAN:
         return !a->value.boolean == !b->value.boolean;
     case AMQP_FIELD_KIND_I32:
@@ -362,15 +335,16 @@ static void expect_identical_dead_letters(const dead_letter_spec *specs, int n)
         cr_assert(harness_get(&H, dlq, &m), "dead letter #%d is missing", i);
         const dead_letter_spec *s = &specs[i];
         const amqp_basic_properties_t *p = &m.properties;
-        cr_expect(bytes_eq(m.body, amqp_cstring_bytes(s->body)), "#%d: body %.*s, want %s", i,
-                  (int)m.body.len, (const char *)m.body.bytes, s->body);
+        cr_expect(harness_bytes_eq(m.body, amqp_cstring_bytes(s->body)), "#%d: body %.*s, want %s",
+                  i, (int)m.body.len, (const char *)m.body.bytes, s->body);
         cr_expect_eq(p->_flags, s->props._flags, "#%d: property flags 0x%x, want 0x%x", i,
                      p->_flags, s->props._flags);
-        cr_expect(bytes_eq(p->content_type, s->props.content_type), "#%d: content_type", i);
-        cr_expect(bytes_eq(p->message_id, s->props.message_id), "#%d: message_id", i);
-        cr_expect(bytes_eq(p->correlation_id, s->props.correlation_id), "#%d: correlation_id", i);
-        cr_expect(bytes_eq(p->app_id, s->props.app_id), "#%d: app_id", i);
-        cr_expect(bytes_eq(p->type, s->props.type), "#%d: type", i);
+        cr_expect(harness_bytes_eq(p->content_type, s->props.content_type), "#%d: content_type", i);
+        cr_expect(harness_bytes_eq(p->message_id, s->props.message_id), "#%d: message_id", i);
+        cr_expect(harness_bytes_eq(p->correlation_id, s->props.correlation_id),
+                  "#%d: correlation_id", i);
+        cr_expect(harness_bytes_eq(p->app_id, s->props.app_id), "#%d: app_id", i);
+        cr_expect(harness_bytes_eq(p->type, s->props.type), "#%d: type", i);
         cr_expect_eq(p->timestamp, s->props.timestamp, "#%d: timestamp", i);
         cr_expect_eq(p->delivery_mode, AMQP_DELIVERY_PERSISTENT, "#%d: delivery_mode", i);
         char want[1024], got[1024];
@@ -418,7 +392,7 @@ static void expect_never_returned(void)
     }
     amqp_channel_close(H.amqp, SIDE_CHANNEL, AMQP_REPLY_SUCCESS);
     cr_assert(amqp_get_rpc_reply(H.amqp).reply_type == AMQP_RESPONSE_NORMAL);
-    cr_assert(wait_depth(".dlq", DEAD_LETTERS, 10000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", DEAD_LETTERS, 10000));
 }
 
 /* ------------------------------------------------------------------------------ tests */
@@ -457,7 +431,7 @@ Test(dlq, hundred_listings_and_thirty_unmatched_replays_lose_nothing, .fini = te
             "[measure] RabbitMQ %d: 100 x dlq list %" PRId64 " ms, 30 x dlq replay (no match) "
             "%" PRId64 " ms\n",
             major, listed - start, skipped - listed);
-    cr_assert_eq(depth_of(".dlq"), DEAD_LETTERS, "the DLQ lost dead letters");
+    cr_assert_eq(harness_queue_depth_of(&H, ".dlq"), DEAD_LETTERS, "the DLQ lost dead letters");
     list_keys(got, sizeof got, NULL);
     cr_assert_str_eq(got, want, "the order changed");
     /* None of them was ever returned unacked (on 4.x the fresh Q.dlq is unlimited, so a
@@ -472,14 +446,15 @@ Test(dlq, hundred_listings_and_thirty_unmatched_replays_lose_nothing, .fini = te
     cr_assert_eq(json_integer_value(json_object_get(doc, "failed")), 0, "%s", out);
     json_decref(doc);
     free(out);
-    cr_assert_eq(depth_of(".dlq"), 0, "replay --all must empty the DLQ");
-    cr_assert_eq(depth_of(""), DEAD_LETTERS, "the work queue must hold exactly the replays");
+    cr_assert_eq(harness_queue_depth_of(&H, ".dlq"), 0, "replay --all must empty the DLQ");
+    cr_assert_eq(harness_queue_depth_of(&H, ""), DEAD_LETTERS,
+                 "the work queue must hold exactly the replays");
 
     harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
     cr_assert(harness_wait_scalar(&H, DEAD_LETTERS, 15000,
                                   "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"));
     cr_assert(harness_wait_log(&H, "\"outcome\":\"processed\"", DEAD_LETTERS, 10000));
-    cr_assert(wait_depth("", 0, 10000));
+    cr_assert(harness_wait_queue_depth_of(&H, "", 0, 10000));
     harness_stop_idemq(&daemon_pid);
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), DEAD_LETTERS);
     for (int i = 0; i < DEAD_LETTERS; i++) {
@@ -492,7 +467,7 @@ Test(dlq, hundred_listings_and_thirty_unmatched_replays_lose_nothing, .fini = te
     }
     cr_expect_eq(harness_log_count(&H, "\"outcome\":\"processed\""), DEAD_LETTERS);
     cr_expect_eq(harness_log_count(&H, "\"outcome\":\"deduped\""), 0);
-    cr_expect_eq(depth_of(".dlq"), 0);
+    cr_expect_eq(harness_queue_depth_of(&H, ".dlq"), 0);
 }
 
 Test(dlq, listing_preserves_order_and_bodies, .fini = teardown, .timeout = 60)
@@ -517,12 +492,14 @@ Test(dlq, listing_preserves_order_and_bodies, .fini = teardown, .timeout = 60)
     json_t *doc = harness_output_json(out);
     json_t *messages = json_object_get(doc, "messages");
     cr_assert_eq(json_array_size(messages), 2, "%s", out);
-    cr_assert_str_eq(jstr(json_array_get(messages, 0), "biz_key"), "order_id:o0:PAY_SUCCESS");
-    cr_assert_str_eq(jstr(json_array_get(messages, 1), "biz_key"), "order_id:o1:PAY_SUCCESS");
+    cr_assert_str_eq(harness_json_str(json_array_get(messages, 0), "biz_key"),
+                     "order_id:o0:PAY_SUCCESS");
+    cr_assert_str_eq(harness_json_str(json_array_get(messages, 1), "biz_key"),
+                     "order_id:o1:PAY_SUCCESS");
     json_t *first = json_array_get(messages, 0);
-    cr_assert_str_eq(jstr(first, "error_class"), "non_retryable");
-    cr_assert_str_eq(jstr(first, "error"), "illegal transition #0");
-    cr_assert_str_eq(jstr(first, "first_failed_at"), "2023-11-14T22:13:20Z");
+    cr_assert_str_eq(harness_json_str(first, "error_class"), "non_retryable");
+    cr_assert_str_eq(harness_json_str(first, "error"), "illegal transition #0");
+    cr_assert_str_eq(harness_json_str(first, "first_failed_at"), "2023-11-14T22:13:20Z");
     json_decref(doc);
     free(out);
 
@@ -533,7 +510,7 @@ Test(dlq, listing_preserves_order_and_bodies, .fini = teardown, .timeout = 60)
     cr_assert_eq(json_integer_value(json_object_get(doc, "replayed")), 1, "%s", out);
     json_decref(doc);
     free(out);
-    cr_assert(wait_depth("", 1, 5000));
+    cr_assert(harness_wait_queue_depth_of(&H, "", 1, 5000));
 
     dead_letter_spec rest[DEAD_LETTERS - 1]; /* a spec's props point into the spec itself */
     for (int i = 0, j = 0; i < DEAD_LETTERS; i++)
@@ -544,11 +521,11 @@ Test(dlq, listing_preserves_order_and_bodies, .fini = teardown, .timeout = 60)
     /* The replay reached the work queue with the original body and the idemq headers gone. */
     amqp_message_t m;
     cr_assert(harness_get(&H, H.queue, &m));
-    cr_expect(bytes_eq(m.body, amqp_cstring_bytes(specs[2].body)));
+    cr_expect(harness_bytes_eq(m.body, amqp_cstring_bytes(specs[2].body)));
     amqp_bytes_t value;
     cr_expect(!message_header_bytes(&m.properties, HEADER_ERROR_CLASS, &value));
     cr_expect(message_header_bytes(&m.properties, "trace-id", &value) &&
-              bytes_eq(value, amqp_cstring_bytes("corr-2")));
+              harness_bytes_eq(value, amqp_cstring_bytes("corr-2")));
     amqp_destroy_message(&m);
 }
 
@@ -604,7 +581,7 @@ Test(dlq, old_dlq_without_delivery_limit_is_detected_and_still_lossless, .fini =
         snprintf(id, sizeof id, "d%d", i);
         harness_publish_event(&H, id, "REFUND_START", 0); /* needs PAID: illegal → DLQ */
     }
-    cr_assert(wait_depth(".dlq", DEAD_LETTERS, 15000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", DEAD_LETTERS, 15000));
     harness_stop_idemq(&daemon_pid);
 
     /* Workers finish in any order: the first listing fixes the order the others must keep. */
@@ -626,7 +603,7 @@ Test(dlq, old_dlq_without_delivery_limit_is_detected_and_still_lossless, .fini =
         cr_assert(strstr(out, policy), "dlq list must warn with [%s]:\n%s", policy, out);
         free(out);
     }
-    cr_assert_eq(depth_of(".dlq"), DEAD_LETTERS);
+    cr_assert_eq(harness_queue_depth_of(&H, ".dlq"), DEAD_LETTERS);
     for (int i = 0; i < DEAD_LETTERS; i++) {
         amqp_message_t m;
         cr_assert(harness_get(&H, dlq, &m));
@@ -716,7 +693,7 @@ Test(dlq, work_queue_quorum_warning, .fini = teardown, .timeout = 60)
     cr_assert(strstr(w, "default delivery limit (20)") && strstr(w, "drops"), "%s", w);
     /* Channel 1 is still open and in confirm mode: this waits for the confirm. */
     harness_publish(&H, NULL, "application/json", "{}", 2, NULL);
-    cr_assert(wait_depth("", 1, 5000));
+    cr_assert(harness_wait_queue_depth_of(&H, "", 1, 5000));
     /* idemq run checks it at every connect and logs the advice. */
     char logged[300];
     snprintf(logged, sizeof logged, "--apply-to quorum_queues 'idemq-%s'", H.queue);
@@ -727,7 +704,7 @@ Test(dlq, work_queue_quorum_warning, .fini = teardown, .timeout = 60)
     cr_assert(harness_wait_log(&H, "\"outcome\":\"dead_lettered\"", 1, 15000),
               "the message without biz_key was not dead-lettered (log: %s)", H.log_path);
     harness_stop_idemq(&daemon_pid);
-    cr_assert(wait_depth("", 0, 5000));
+    cr_assert(harness_wait_queue_depth_of(&H, "", 0, 5000));
 
     cr_expect_eq(check_queue(".classic", "classic", NULL, 0, w, sizeof w), 0, "%s", w);
     cr_expect_str_eq(w, "");
@@ -767,7 +744,7 @@ Test(dlq, work_queue_quorum_warning, .fini = teardown, .timeout = 60)
     cr_expect(strstr(text, "404"), "the check created the queue: [%s]", text);
     /* After all those refused probes channel 1 still confirms. */
     harness_publish(&H, NULL, "application/json", "{}", 2, NULL);
-    cr_assert(wait_depth("", 1, 5000));
+    cr_assert(harness_wait_queue_depth_of(&H, "", 1, 5000));
 }
 
 Test(dlq, unroutable_replay_keeps_the_dead_letter, .fini = teardown, .timeout = 60)
@@ -790,7 +767,8 @@ Test(dlq, unroutable_replay_keeps_the_dead_letter, .fini = teardown, .timeout = 
     cr_assert_eq(json_integer_value(json_object_get(doc, "failed")), 1, "%s", out);
     json_decref(doc);
     free(out);
-    cr_assert(wait_depth(".dlq", DEAD_LETTERS, 10000), "a dead letter was lost");
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", DEAD_LETTERS, 10000),
+              "a dead letter was lost");
     /* o2 came back by being returned; the four others are fresh copies. */
     char dlq[200];
     queue_name(dlq, sizeof dlq, ".dlq");
@@ -798,7 +776,7 @@ Test(dlq, unroutable_replay_keeps_the_dead_letter, .fini = teardown, .timeout = 
     for (int i = 0; i < DEAD_LETTERS; i++) {
         amqp_message_t m;
         cr_assert(harness_get(&H, dlq, &m), "dead letter #%d is missing", i);
-        bool is_o2 = bytes_eq(m.body, amqp_cstring_bytes(specs[2].body));
+        bool is_o2 = harness_bytes_eq(m.body, amqp_cstring_bytes(specs[2].body));
         o2 += is_o2;
         if (delivery_count(&m) > 0) {
             returned++;
@@ -826,7 +804,7 @@ Test(dlq, many_dead_letters_span_chunks_in_order, .fini = teardown, .timeout = 6
     char dlq[200];
     queue_name(dlq, sizeof dlq, ".dlq");
     harness_publish_batch(&H, dlq, "application/json", ptrs, lens, MANY);
-    cr_assert(wait_depth(".dlq", MANY, 10000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", MANY, 10000));
 
     static char want[MANY * 6], got[MANY * 6];
     size_t used = 0;
@@ -851,8 +829,9 @@ Test(dlq, many_dead_letters_span_chunks_in_order, .fini = teardown, .timeout = 6
                 (size_t)snprintf(want + used, sizeof want - used, "%sk%03d", used ? " " : "", i);
     list_keys(got, sizeof got, NULL);
     cr_assert_str_eq(got, want);
-    cr_assert_eq(depth_of(".dlq"), MANY - 1);
-    cr_assert(wait_depth("", 1, 5000), "the replay did not reach the work queue");
+    cr_assert_eq(harness_queue_depth_of(&H, ".dlq"), MANY - 1);
+    cr_assert(harness_wait_queue_depth_of(&H, "", 1, 5000),
+              "the replay did not reach the work queue");
     /* Not one was returned unacked (an ack lost at the end of a pass would show here). */
     for (int i = 0; i < MANY - 1; i++) {
         amqp_message_t m;

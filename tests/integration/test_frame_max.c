@@ -85,11 +85,6 @@ static size_t frame_max(void)
     return (size_t)amqp_get_frame_max(F.h.amqp);
 }
 
-static bool bytes_eq(amqp_bytes_t a, amqp_bytes_t b)
-{
-    return a.len == b.len && (a.len == 0 || memcmp(a.bytes, b.bytes, a.len) == 0);
-}
-
 /* The x-delivery-count header of a delivery: -1 when absent. */
 static int64_t delivery_count(const amqp_message_t *m)
 {
@@ -143,6 +138,14 @@ static bool got_one(harness *h, void *arg)
     return harness_get(h, w->queue, w->out);
 }
 
+/* got_one on the side channel (side_get). */
+static bool side_got(harness *h, void *arg)
+{
+    (void)h;
+    get_wait *w = arg;
+    return side_get(w->queue, w->out);
+}
+
 /* A message whose producer headers make its header frame exactly `target` bytes: an optional
  * header "big" of big_len bytes, then headers "p-NNN" of about piece bytes each. */
 #define PIECES_MAX 1200
@@ -193,7 +196,7 @@ static size_t frame_size_as_published(const amqp_basic_properties_t *in)
     cr_assert(entries);
     int n = 0;
     for (int i = 0; i < in->headers.num_entries; i++)
-        if (!bytes_eq(in->headers.entries[i].key, amqp_cstring_bytes("x-delivery-count")))
+        if (!harness_bytes_eq(in->headers.entries[i].key, amqp_cstring_bytes("x-delivery-count")))
             entries[n++] = in->headers.entries[i];
     p.headers = (amqp_table_t){.num_entries = n, .entries = entries};
     size_t size = message_header_frame_size(&p);
@@ -204,7 +207,7 @@ static size_t frame_size_as_published(const amqp_basic_properties_t *in)
 static bool has_header(const amqp_basic_properties_t *p, const char *key)
 {
     for (int i = 0; i < p->headers.num_entries; i++)
-        if (bytes_eq(p->headers.entries[i].key, amqp_cstring_bytes(key)))
+        if (harness_bytes_eq(p->headers.entries[i].key, amqp_cstring_bytes(key)))
             return true;
     return false;
 }
@@ -222,12 +225,6 @@ static int dlq_cli(char **out, const char *a1, const char *a2, const char *a3, c
         args[n++] = a4;
     args[n] = NULL;
     return harness_run_cli(&F.h, out, args);
-}
-
-static const char *jstr(json_t *obj, const char *key)
-{
-    const char *s = json_string_value(json_object_get(obj, key));
-    return s ? s : "";
 }
 
 static void dlq_name(char *buf, size_t len)
@@ -339,11 +336,9 @@ Test(frame_max, broker_additions_fit_the_headroom, .fini = teardown, .timeout = 
      * then returned once and read again (x-delivery-count 1). */
     side_open();
     amqp_message_t first, again;
-    int64_t deadline = harness_now_ms() + 10000;
-    bool got = false;
-    while (!got && harness_now_ms() < deadline)
-        got = side_get(long_queue, &first);
-    cr_assert(got, "the copy did not come back from %s", retry_queue);
+    get_wait back = {.queue = long_queue, .out = &first};
+    cr_assert(harness_wait_for(side_got, h, &back, 10000), "the copy did not come back from %s",
+              retry_queue);
     side_close();
     side_open();
     cr_assert(side_get(long_queue, &again), "the returned copy is not in %s", long_queue);
@@ -402,7 +397,7 @@ Test(frame_max, dlq_bound_messages_near_frame_max_reach_the_dlq_and_the_queue_fl
     json_t *doc = expect_listing(2);
     for (size_t i = 0; i < 2; i++) {
         json_t *e = json_array_get(json_object_get(doc, "messages"), i);
-        cr_expect_str_eq(jstr(e, "error_class"), "non_retryable");
+        cr_expect_str_eq(harness_json_str(e, "error_class"), "non_retryable");
         cr_expect_eq(json_integer_value(json_object_get(e, "copies")), 1);
     }
     json_decref(doc);
@@ -411,7 +406,8 @@ Test(frame_max, dlq_bound_messages_near_frame_max_reach_the_dlq_and_the_queue_fl
     for (int i = 0; i < 2; i++) {
         amqp_message_t m;
         cr_assert(harness_get(h, dlq, &m), "dead letter %d is missing", i);
-        cr_expect(bytes_eq(m.body, amqp_cstring_bytes(keyless_body)), "#%d: the body changed", i);
+        cr_expect(harness_bytes_eq(m.body, amqp_cstring_bytes(keyless_body)),
+                  "#%d: the body changed", i);
         amqp_bytes_t record;
         cr_assert(message_header_bytes(&m.properties, HEADER_DROPPED_HEADERS, &record),
                   "#%d: no %s header", i, HEADER_DROPPED_HEADERS);
@@ -459,14 +455,14 @@ Test(frame_max, a_retried_copy_near_frame_max_climbs_the_ladder_and_stays_readab
 
     json_t *doc = expect_listing(1);
     json_t *e = json_array_get(json_object_get(doc, "messages"), 0);
-    cr_expect_str_eq(jstr(e, "biz_key"), "order_id:ghost:PAY_SUCCESS");
-    cr_expect_str_eq(jstr(e, "error_class"), "retries_exhausted");
+    cr_expect_str_eq(harness_json_str(e, "biz_key"), "order_id:ghost:PAY_SUCCESS");
+    cr_expect_str_eq(harness_json_str(e, "error_class"), "retries_exhausted");
     cr_expect_eq(json_integer_value(json_object_get(e, "retries")), 2);
     json_decref(doc);
 
     amqp_message_t m;
     cr_assert(harness_get(h, dlq, &m));
-    cr_expect(bytes_eq(m.body, amqp_cstring_bytes(body)), "the body changed");
+    cr_expect(harness_bytes_eq(m.body, amqp_cstring_bytes(body)), "the body changed");
     int64_t retries = -1;
     cr_expect(message_header_int(&m.properties, HEADER_RETRIES, &retries) && retries == 2,
               "the copy went up the ladder %" PRId64 " time(s), want 2", retries);
@@ -523,8 +519,9 @@ Test(frame_max, dlq_reads_and_replays_a_dead_letter_that_the_broker_pushed_over_
                  delivered, fm);
 
     json_t *doc = expect_listing(1);
-    cr_expect_str_eq(jstr(json_array_get(json_object_get(doc, "messages"), 0), "biz_key"),
-                     "order_id:legacy:PAY_SUCCESS");
+    cr_expect_str_eq(
+        harness_json_str(json_array_get(json_object_get(doc, "messages"), 0), "biz_key"),
+        "order_id:legacy:PAY_SUCCESS");
     json_decref(doc);
     char *out = NULL;
     int rc = dlq_cli(&out, "replay", "--all", "--json", NULL);
@@ -535,7 +532,7 @@ Test(frame_max, dlq_reads_and_replays_a_dead_letter_that_the_broker_pushed_over_
     free(out);
     cr_assert(harness_wait_queue_depth(h, dlq, 0, 5000));
     cr_assert(harness_get(h, h->queue, &m), "the replay is not in the work queue");
-    cr_expect(bytes_eq(m.body, amqp_cstring_bytes(body)));
+    cr_expect(harness_bytes_eq(m.body, amqp_cstring_bytes(body)));
     cr_expect_leq(frame_size_as_published(&m.properties), message_frame_limit(fm),
                   "the replay must leave the headroom");
     amqp_bytes_t record;
@@ -609,7 +606,7 @@ static void listing_keys(json_t *doc, char *buf, size_t len)
     for (size_t i = 0; i < json_array_size(messages) && used < len; i++) {
         json_t *e = json_array_get(messages, i);
         json_int_t copies = json_integer_value(json_object_get(e, "copies"));
-        const char *key = jstr(e, "biz_key");
+        const char *key = harness_json_str(e, "biz_key");
         key = strncmp(key, "order_id:", 9) == 0 ? key + 9 : key; /* "order_id:a:PAY" -> "a" */
         int key_len = (int)strcspn(key, ":");
         used += (size_t)snprintf(buf + used, len - used, "%s%.*s", i ? " " : "", key_len, key);

@@ -60,13 +60,6 @@ static bool wait_log(const char *needle, long at_least)
     return harness_wait_log(&H, needle, at_least, DEADLINE_MS);
 }
 
-/* Declares the topology, starts idemq and waits until it consumes. */
-static void start_daemon(void)
-{
-    harness_declare_topology(&H);
-    harness_start_idemq(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
-}
-
 /* Publishes a JSON object (taken) as a message. */
 static void publish_json(json_t *doc)
 {
@@ -103,11 +96,6 @@ static const char *dlq(void)
 {
     snprintf(dlq_name, sizeof dlq_name, "%s.dlq", H.queue);
     return dlq_name;
-}
-
-static bool wait_depth(const char *queue, long expected)
-{
-    return harness_wait_queue_depth(&H, queue, expected, DEADLINE_MS);
 }
 
 /* A dead letter, with the headers the tests look at. */
@@ -171,7 +159,7 @@ static void header(const amqp_message_t *m, const char *name, char *buf, size_t 
  * arrival. */
 static void take_dead_letters(dead_letter *out, size_t count)
 {
-    cr_assert(wait_depth(dlq(), (long)count));
+    cr_assert(harness_wait_queue_depth(&H, dlq(), (long)count, DEADLINE_MS));
     for (size_t i = 0; i < count; i++) {
         amqp_message_t m;
         cr_assert(harness_get(&H, dlq(), &m), "DLQ ran dry after %zu of %zu", i, count);
@@ -245,7 +233,7 @@ Test(handlers, sql_injection_looking_values_are_stored_verbatim)
     harness_options o = {.handler_yaml = sql_handler};
     setup("sql_injection", &o);
     create_sql_tables();
-    start_daemon();
+    harness_start_declared(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
 
     static const struct {
         const char *key, *note, *city;
@@ -285,7 +273,7 @@ Test(handlers, sql_wrong_types_and_missing_fields_are_dead_lettered_with_the_rea
     harness_options o = {.handler_yaml = sql_handler};
     setup("sql_bad_fields", &o);
     create_sql_tables();
-    start_daemon();
+    harness_start_declared(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
 
     char long_note[301];
     memset(long_note, 'n', 300);
@@ -344,7 +332,7 @@ Test(handlers, sql_expect_rows_mismatch_is_retried_with_on_mismatch_retry)
                          .jitter = "0"};
     setup("sql_mismatch_retry", &o);
     create_sql_tables();
-    start_daemon();
+    harness_start_declared(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
 
     publish_json(sql_message("late-1", "n", json_integer(4), "acc-late", "c"));
     publish_json(sql_message("never-1", "n", json_integer(4), "acc-never", "c"));
@@ -375,7 +363,7 @@ Test(handlers, sql_expect_rows_mismatch_is_dead_lettered_by_default)
     harness_options o = {.handler_yaml = sql_handler};
     setup("sql_mismatch_dlq", &o);
     create_sql_tables();
-    start_daemon();
+    harness_start_declared(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
 
     publish_json(sql_message("nobody-1", "n", json_integer(4), "acc-nobody", "c"));
     dead_letter dl[1];
@@ -449,7 +437,7 @@ Test(handlers, plugin_ok_and_non_retryable_results)
     harness_options o = {.handler_yaml = plugin_yaml(IDEMQ_LEDGER_PLUGIN, "{fail_first_n: 0}")};
     setup("plugin_results", &o);
     create_ledger();
-    start_daemon();
+    harness_start_declared(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
     cr_expect_eq(harness_log_count(&H, "loaded plugin ledger"), 1);
 
     publish_json(ledger_message("ok-1", json_integer(10), json_string("acc-a")));
@@ -492,7 +480,7 @@ Test(handlers, plugin_retryable_is_retried_then_dead_lettered_as_retries_exhaust
                          .max_retries = 1};
     setup("plugin_retryable", &o);
     create_ledger();
-    start_daemon();
+    harness_start_declared(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
 
     publish_json(ledger_message("r-1", json_integer(10), NULL));
     dead_letter dl[1];
@@ -516,7 +504,7 @@ Test(handlers, plugin_retryable_recovers_on_retry)
                          .max_retries = 3};
     setup("plugin_recovers", &o);
     create_ledger();
-    start_daemon();
+    harness_start_declared(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
 
     publish_json(ledger_message("once-1", json_integer(10), NULL));
     cr_assert(harness_wait_scalar(&H, 1, DEADLINE_MS, "SELECT COUNT(*) FROM ledger"));

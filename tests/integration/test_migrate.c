@@ -44,14 +44,6 @@ static void setup(const char *name, const harness_options *o)
     h_ready = true;
 }
 
-/* Runs `idemq COMMAND -c config`; returns the exit code, *out gets the output (owned). */
-static int run_cli(const char *command, char **out)
-{
-    const char *args[] = {command, "-c", H.config_path, NULL};
-    *out = NULL;
-    return harness_run_cli(&H, out, args);
-}
-
 /* The first column of the first row as an owned string ("(null)" for NULL, "(no row)"). */
 static char *fetch_text(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -117,13 +109,13 @@ Test(migrate, migrate_upgrades_an_old_handler_name_column_in_place)
                      "the old VARCHAR column should ignore trailing spaces");
 
     char *out = NULL;
-    int rc = run_cli("check", &out);
+    int rc = harness_run_cli_command(&H, "check", &out);
     cr_expect_eq(rc, 0, "a warning must not fail `idemq check` (exit %d):\n%s", rc, out);
     cr_expect(strstr(out, "mysql   WARN msg_dedup.handler_name is varchar"), "%s", out);
     cr_expect(strstr(out, "idemq migrate"), "the warning should say how to fix it:\n%s", out);
     free(out);
 
-    rc = run_cli("migrate", &out);
+    rc = harness_run_cli_command(&H, "migrate", &out);
     cr_assert_eq(rc, 0, "idemq migrate exited %d:\n%s", rc, out);
     cr_expect(strstr(out, "upgraded msg_dedup.handler_name to VARBINARY(64)"), "%s", out);
     free(out);
@@ -164,14 +156,14 @@ Test(migrate, migrate_upgrades_an_old_handler_name_column_in_place)
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key = 'k1'"), 3);
 
     /* Idempotent: a second run changes nothing and says so. */
-    rc = run_cli("migrate", &out);
+    rc = harness_run_cli_command(&H, "migrate", &out);
     cr_expect_eq(rc, 0, "second idemq migrate exited %d:\n%s", rc, out);
     cr_expect(strstr(out, "current"), "%s", out);
     cr_expect(!strstr(out, "upgraded"), "the second run upgraded again:\n%s", out);
     free(out);
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), 4);
 
-    rc = run_cli("check", &out);
+    rc = harness_run_cli_command(&H, "check", &out);
     cr_expect_eq(rc, 0, "idemq check exited %d:\n%s", rc, out);
     cr_expect(!strstr(out, "WARN"), "check still warns after the upgrade:\n%s", out);
     cr_expect(!strstr(out, "handler_name is"), "%s", out);

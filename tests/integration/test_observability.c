@@ -49,18 +49,7 @@ static void stop_prometheus(void)
 {
     if (prometheus_pid <= 0)
         return;
-    kill(prometheus_pid, SIGTERM);
-    int64_t deadline = harness_now_ms() + 10000;
-    int status;
-    while (waitpid(prometheus_pid, &status, WNOHANG) == 0) {
-        if (harness_now_ms() > deadline) {
-            kill(prometheus_pid, SIGKILL);
-            waitpid(prometheus_pid, &status, 0);
-            break;
-        }
-        struct pollfd none;
-        poll(&none, 0, 20); /* the process's own pace: nothing to wait on but its exit */
-    }
+    harness_stop(prometheus_pid, SIGTERM, 10000);
     prometheus_pid = 0;
 }
 

@@ -57,16 +57,6 @@ static void teardown(void)
     }
 }
 
-static long depth_of(const char *suffix)
-{
-    char name[200];
-    long messages = -1;
-    snprintf(name, sizeof name, "%s%s", H.queue, suffix);
-    if (!harness_queue_info(&H, name, &messages, NULL))
-        return -1;
-    return messages;
-}
-
 static void publish_range(int from, int to)
 {
     size_t n = (size_t)(to - from);
@@ -124,9 +114,11 @@ Test(outage, mariadb_down_20s_under_load_burns_no_retries, .fini = teardown, .ti
     /* Load keeps coming while the database is down. */
     publish_range(BEFORE_OUTAGE, TOTAL);
     cr_assert(harness_wait_log(&H, "pausing consumption", 1, 15000), "idemq did not pause");
-    long dlq_during = depth_of(".dlq");
-    long ladder_during = depth_of(".retry.1") + depth_of(".retry.2") + depth_of(".retry.3");
-    long queued_during = depth_of("");
+    long dlq_during = harness_queue_depth_of(&H, ".dlq");
+    long ladder_during = harness_queue_depth_of(&H, ".retry.1") +
+                         harness_queue_depth_of(&H, ".retry.2") +
+                         harness_queue_depth_of(&H, ".retry.3");
+    long queued_during = harness_queue_depth_of(&H, "");
 
     /* The scenario: 20 s of downtime (this is not synchronisation). */
     int64_t remaining = DOWNTIME_MS - (harness_now_ms() - stop_started);
@@ -165,9 +157,11 @@ Test(outage, mariadb_down_20s_under_load_burns_no_retries, .fini = teardown, .ti
     /* Nothing burned its retry budget, nothing was dead-lettered. */
     cr_assert_eq(dlq_during, 0, "messages reached the DLQ during the outage");
     cr_assert_eq(ladder_during, 0, "messages entered the retry ladder during the outage");
-    cr_assert_eq(depth_of(".dlq"), 0);
-    cr_assert_eq(depth_of(".retry.1") + depth_of(".retry.2") + depth_of(".retry.3"), 0);
-    cr_assert_eq(depth_of(""), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ".dlq"), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ".retry.1") + harness_queue_depth_of(&H, ".retry.2") +
+                     harness_queue_depth_of(&H, ".retry.3"),
+                 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ""), 0);
     cr_assert_eq(harness_log_count(&H, "\"outcome\":\"retried\""), 0,
                  "the outage pushed messages down the retry ladder");
     cr_assert_eq(harness_log_count(&H, "\"outcome\":\"dead_lettered\""), 0);

@@ -982,6 +982,22 @@ static void expect_rows_match_commits(const char *when)
                  0, "%s: a row twice", when);
 }
 
+/* The kill-after-commit rounds: idemq exited (status: its wait status), or it applied every
+ * message and the work queue is empty (done). */
+typedef struct end_wait {
+    int status; /* -1 while it runs */
+    bool done;
+} end_wait;
+
+static bool ended_or_done(harness *h, void *arg)
+{
+    end_wait *w = arg;
+    if ((w->status = harness_wait_exit(F.daemon, 0)) != -1)
+        return true;
+    w->done = scalar("SELECT COUNT(*) FROM msg_dedup") == KILL_MESSAGES &&
+              harness_queue_depth(h, h->queue) == 0;
+    return w->done;
+}
 Test(outbox, kill_9_mid_batch_again_and_again_loses_and_doubles_no_row)
 {
     harness_fixture_init(&F, "outbox_kill", NULL);
@@ -1008,23 +1024,11 @@ Test(outbox, kill_9_mid_batch_again_and_again_loses_and_doubles_no_row)
         unsetenv("IDEMQ_TEST_KILL_AFTER_COMMITS");
         /* Either it kills itself after the N-th batch's COMMIT, or it finishes first (the last
          * messages may come one at a time: no batch, no kill). */
-        int64_t deadline = harness_now_ms() + DEADLINE_MS;
-        int status = -1;
-        bool done = false;
-        while (harness_now_ms() < deadline) {
-            if (waitpid(F.daemon, &status, WNOHANG) == F.daemon)
-                break;
-            status = -1;
-            if (scalar("SELECT COUNT(*) FROM msg_dedup") == KILL_MESSAGES &&
-                harness_queue_depth(&F.h, F.h.queue) == 0) {
-                done = true;
-                break;
-            }
-            struct timespec pause = {.tv_nsec = 20 * 1000000};
-            nanosleep(&pause, NULL);
-        }
-        if (done)
+        end_wait w = {.status = -1};
+        harness_wait_for(ended_or_done, &F.h, &w, DEADLINE_MS);
+        if (w.done)
             break;
+        int status = w.status;
         cr_assert(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
                   "round %d: idemq neither finished nor killed itself", round);
         F.daemon = 0;
@@ -1124,32 +1128,13 @@ static void down_setup(unsigned workers, unsigned batch)
     D.declared = true;
 }
 
-typedef struct path_wait {
-    const char *path, *needle, *also;
-    long at_least;
-} path_wait;
-
-static bool path_reached(harness *h, void *arg)
-{
-    (void)h;
-    const path_wait *w = arg;
-    return harness_log_count_both(w->path, w->needle, w->also) >= w->at_least;
-}
-
-static bool wait_log_in(const char *path, const char *needle, const char *also, long at_least,
-                        int timeout_ms)
-{
-    path_wait w = {path, needle, also, at_least};
-    return harness_wait_for(path_reached, &F.h, &w, timeout_ms);
-}
-
 static void down_start(void)
 {
     long before = harness_log_count_in(D.log, READY_LINE);
     swap_downstream();
     D.pid = harness_spawn_logged(&F.h, D.log);
     swap_downstream();
-    cr_assert(wait_log_in(D.log, READY_LINE, NULL, before + 1, DEADLINE_MS),
+    cr_assert(harness_wait_log_in(D.log, READY_LINE, before + 1, DEADLINE_MS),
               "the downstream idemq did not start (log: %s)", D.log);
 }
 
@@ -1163,7 +1148,7 @@ static pid_t upstream_start(const char *log_path, const char *env_name, const ch
     pid_t pid = harness_spawn_logged(&F.h, log_path);
     if (env_name)
         unsetenv(env_name);
-    cr_assert(wait_log_in(log_path, READY_LINE, NULL, before + 1, DEADLINE_MS),
+    cr_assert(harness_wait_log_in(log_path, READY_LINE, before + 1, DEADLINE_MS),
               "idemq did not start (log: %s)", log_path);
     return pid;
 }
@@ -1277,21 +1262,6 @@ static int publish_crash_events(int next, int count)
     return next;
 }
 
-/* Waits up to timeout_ms for pid to end; returns its wait status, or -1 while it runs. */
-static int wait_end(pid_t pid, int timeout_ms)
-{
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    for (;;) {
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return status;
-        if (harness_now_ms() >= deadline)
-            return -1;
-        struct timespec pause = {.tv_nsec = 5 * 1000000};
-        nanosleep(&pause, NULL);
-    }
-}
-
 typedef struct settled_wait {
     long long upstream, dead, downstream;
 } settled_wait;
@@ -1375,15 +1345,15 @@ Test(outbox, relay_kill_9_a_thousand_times_delivers_every_committed_event_once, 
         if (type == RANDOM) {
             struct timespec pause = {.tv_nsec = (long)(rand_r(&seed) % 60) * 1000000};
             nanosleep(&pause, NULL); /* the fault's moment, not a wait for anything */
-            status = wait_end(F.daemon, 0);
+            status = harness_wait_exit(F.daemon, 0);
         } else {
             /* the lease of the last leader lapses within 1 s; then a round, then the kill */
-            status = wait_end(F.daemon, type == RELAY ? 3000 : 1000);
+            status = harness_wait_exit(F.daemon, type == RELAY ? 3000 : 1000);
         }
         bool by_test = status == -1;
         if (by_test) {
             kill(F.daemon, SIGKILL);
-            status = wait_end(F.daemon, 10000);
+            status = harness_wait_exit(F.daemon, 10000);
         }
         cr_assert(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
                   "cycle %ld: idemq ended otherwise than by SIGKILL (status %d, log %s)", kills,

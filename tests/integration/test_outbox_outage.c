@@ -140,31 +140,13 @@ static void down_setup(void)
     D.declared = true;
 }
 
-typedef struct path_wait {
-    const char *path, *needle;
-    long at_least;
-} path_wait;
-
-static bool path_reached(harness *h, void *arg)
-{
-    (void)h;
-    const path_wait *w = arg;
-    return harness_log_count_in(w->path, w->needle) >= w->at_least;
-}
-
-static bool wait_log_in(const char *path, const char *needle, long at_least, int timeout_ms)
-{
-    path_wait w = {path, needle, at_least};
-    return harness_wait_for(path_reached, &F.h, &w, timeout_ms);
-}
-
 static void down_start(void)
 {
     long before = harness_log_count_in(D.log, READY_LINE);
     swap_downstream();
     D.pid = harness_spawn_logged(&F.h, D.log);
     swap_downstream();
-    cr_assert(wait_log_in(D.log, READY_LINE, before + 1, DEADLINE_MS),
+    cr_assert(harness_wait_log_in(D.log, READY_LINE, before + 1, DEADLINE_MS),
               "the downstream idemq did not start (log: %s)", D.log);
 }
 

@@ -242,20 +242,32 @@ static long long count_state(int state)
 
 typedef bool (*stats_pred)(const outbox_relay_stats *s, void *arg);
 
-/* Polls r's stats every 10 ms until pred holds; returns the ms it took, or -1 after timeout_ms
+/* Polls r's stats (harness_wait_for: every 20 ms) until pred holds; returns the ms it took, or -1
+ * after timeout_ms
  * (*last: the last stats read). */
+typedef struct stats_wait {
+    outbox_relay *r;
+    stats_pred pred;
+    void *arg;
+    outbox_relay_stats *last;
+} stats_wait;
+
+static bool stats_hold(harness *h, void *arg)
+{
+    (void)h;
+    stats_wait *w = arg;
+    outbox_relay_read(w->r, w->last);
+    return w->pred(w->last, w->arg);
+}
+
 static int64_t wait_stats(outbox_relay *r, stats_pred pred, void *arg, int timeout_ms,
                           outbox_relay_stats *last)
 {
     int64_t start = harness_now_ms();
-    for (;;) {
-        outbox_relay_read(r, last);
-        if (pred(last, arg))
-            return harness_now_ms() - start;
-        if (harness_now_ms() - start > timeout_ms)
-            return -1;
-        pause_ms(10);
-    }
+    stats_wait w = {.r = r, .pred = pred, .arg = arg, .last = last};
+    if (!harness_wait_for(stats_hold, &F.h, &w, timeout_ms))
+        return -1;
+    return harness_now_ms() - start;
 }
 
 static bool is_leader_connected(const outbox_relay_stats *s, void *arg)
@@ -355,11 +367,6 @@ static void expect_string_header(const amqp_message_t *msg, const char *name, co
               "header %s is '%.*s', not '%s'", name, (int)got.len, (const char *)got.bytes, value);
 }
 
-static bool bytes_eq(amqp_bytes_t b, const char *s)
-{
-    return b.len == strlen(s) && memcmp(b.bytes, s, b.len) == 0;
-}
-
 /* Reads every message of queue (waiting up to timeout_ms for `expected`, then 300 ms for any
  * more) into ids (capacity cap); returns how many. */
 static size_t drain_ids(const char *queue, size_t expected, int timeout_ms, int64_t *ids,
@@ -413,9 +420,12 @@ Test(outbox_relay, pending_rows_go_out_in_id_order_with_properties_and_are_marke
         cr_expect(msg.body.len == strlen(body) && memcmp(msg.body.bytes, body, msg.body.len) == 0,
                   "body %d changed", i);
         cr_expect(p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG);
-        cr_expect(bytes_eq(p->message_id, key), "message_id is not the row's biz_key");
-        cr_expect(bytes_eq(p->content_type, i % 2 ? "application/msgpack" : "application/json"));
-        cr_expect(bytes_eq(p->app_id, "idemq"));
+        cr_expect(harness_bytes_eq(p->message_id, amqp_cstring_bytes(key)),
+                  "message_id is not the row's biz_key");
+        cr_expect(harness_bytes_eq(
+            p->content_type,
+            amqp_cstring_bytes(i % 2 ? "application/msgpack" : "application/json")));
+        cr_expect(harness_bytes_eq(p->app_id, amqp_cstring_bytes("idemq")));
         cr_expect_eq(p->delivery_mode, 2);
         long long created = harness_scalar(
             &F.h, "SELECT FLOOR(UNIX_TIMESTAMP(created_at)) FROM idemq_outbox WHERE id = %lld",
@@ -560,7 +570,8 @@ Test(outbox_relay, notify_publishes_at_once_while_the_poll_interval_is_a_minute)
             amqp_destroy_message(&msg);
             cr_assert(get_message(q, &msg, 2000));
         }
-        cr_assert(bytes_eq(msg.properties.message_id, key), "round %d: another message", i);
+        cr_assert(harness_bytes_eq(msg.properties.message_id, amqp_cstring_bytes(key)),
+                  "round %d: another message", i);
         amqp_destroy_message(&msg);
     }
     qsort(latency, ROUNDS, sizeof latency[0], cmp_i64);
@@ -933,6 +944,19 @@ Test(outbox_relay, nacked_rows_stay_pending_and_go_out_in_order_once_there_is_ro
 
 /* ----------------------------------------------------------------------------- hung database */
 
+typedef struct stuck_wait {
+    outbox_relay *r;
+    char *reason; /* gets outbox_relay_stuck's reason */
+    size_t len;
+} stuck_wait;
+
+static bool relay_stuck(harness *h, void *arg)
+{
+    (void)h;
+    stuck_wait *w = arg;
+    return outbox_relay_stuck(w->r, w->reason, w->len);
+}
+
 Test(outbox_relay, a_hung_database_shows_as_stuck_and_stop_stays_bounded)
 {
     setup("outbox_hung_db", &(relay_settings){.db_through_proxy = true, .stuck_ms = 2000});
@@ -943,10 +967,8 @@ Test(outbox_relay, a_hung_database_shows_as_stuck_and_stop_stays_bounded)
     cr_assert_not(outbox_relay_stuck(r, reason, sizeof reason), "%s", reason);
     freeze_proxy_freeze(proxy);
     int64_t frozen_at = harness_now_ms();
-    bool stuck = false;
-    while (!(stuck = outbox_relay_stuck(r, reason, sizeof reason)) &&
-           harness_now_ms() - frozen_at < 8000)
-        pause_ms(20);
+    stuck_wait sw = {.r = r, .reason = reason, .len = sizeof reason};
+    bool stuck = harness_wait_for(relay_stuck, &F.h, &sw, 8000);
     int64_t took = harness_now_ms() - frozen_at;
     cr_assert(stuck, "not stuck %lld ms into a frozen database", (long long)took);
     cr_assert(strstr(reason, "its thread has not finished a round"), "%s", reason);

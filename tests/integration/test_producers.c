@@ -82,14 +82,12 @@ static pid_t spawn(const char *dir, const char *const *argv, const char *const *
  * a signal ended it, -1 when the deadline passed (the process is then killed). */
 static int wait_exit(pid_t pid, int64_t deadline_ms)
 {
-    int status;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-        if (harness_now_ms() > deadline_ms) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        usleep(20 * 1000); /* the pace of looking, not a wait for an event */
+    int64_t left = deadline_ms - harness_now_ms();
+    int status = harness_wait_exit(pid, left > 0 ? (int)left : 0);
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        return -1;
     }
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

@@ -107,36 +107,6 @@ static void queue_name(char *buf, size_t len, const char *suffix)
     snprintf(buf, len, "%s%s", H.queue, suffix);
 }
 
-/* Ready messages in a queue; -1 when it does not exist (keeps the channel in confirm mode). */
-static long depth(const char *queue)
-{
-    long messages = -1;
-    if (!harness_queue_info(&H, queue, &messages, NULL))
-        return -1;
-    return messages;
-}
-
-static long depth_of(const char *suffix)
-{
-    char name[200];
-    queue_name(name, sizeof name, suffix);
-    return depth(name);
-}
-
-/* Waits until queue H.queue+suffix holds `expected` ready messages. */
-static bool wait_depth(const char *suffix, long expected, int timeout_ms)
-{
-    char name[200];
-    queue_name(name, sizeof name, suffix);
-    return harness_wait_queue_depth(&H, name, expected, timeout_ms);
-}
-
-/* Starts idemq and waits until it consumes (so the work queue exists before we publish). */
-static void start_daemon(void)
-{
-    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
-}
-
 /* One transaction per message (mysql.batch: 1) for a test that counts attempts with a
  * non-transactional trigger: a batch whose multi-row UPDATE hits an injected failure is
  * rolled back and its messages run again alone, so the batch's attempt would fire the MyISAM
@@ -157,12 +127,6 @@ static void one_transaction_per_message(void)
     harness_config_replace_line(&H, "mysql: ", found);
 }
 
-static const char *jstr(json_t *obj, const char *key)
-{
-    const char *s = json_string_value(json_object_get(obj, key));
-    return s ? s : "";
-}
-
 static long long jint(json_t *obj, const char *key)
 {
     json_t *v = json_object_get(obj, key);
@@ -178,7 +142,7 @@ static json_t *outcome_lines(json_t *all, const char *biz_key)
     json_array_foreach(all, i, line) {
         if (!json_object_get(line, "outcome"))
             continue;
-        if (biz_key && strcmp(jstr(line, "biz_key"), biz_key) != 0)
+        if (biz_key && strcmp(harness_json_str(line, "biz_key"), biz_key) != 0)
             continue;
         json_array_append(out, line);
     }
@@ -190,9 +154,8 @@ static long count_outcome(json_t *lines, const char *outcome)
     long n = 0;
     size_t i;
     json_t *line;
-    json_array_foreach(lines, i, line)
-        if (strcmp(jstr(line, "outcome"), outcome) == 0)
-            n++;
+    json_array_foreach(lines, i, line) if (strcmp(harness_json_str(line, "outcome"), outcome) == 0)
+        n++;
     return n;
 }
 
@@ -205,11 +168,6 @@ static bool header_text(const amqp_message_t *m, const char *name, char *buf, si
     }
     snprintf(buf, len, "%.*s", (int)v.len, (const char *)v.bytes);
     return true;
-}
-
-static bool bytes_equal(amqp_bytes_t b, const char *text)
-{
-    return b.len == strlen(text) && memcmp(b.bytes, text, b.len) == 0;
 }
 
 static void event_body(char *buf, size_t len, const char *order_id, const char *event)
@@ -229,13 +187,6 @@ static bool body_contains(const amqp_message_t *m, const char *needle)
     return false;
 }
 
-static char *run_cli(int *rc, const char *const *args)
-{
-    char *out = NULL;
-    *rc = harness_run_cli(&H, &out, args);
-    return out;
-}
-
 /* GET /metrics from the running idemq (its address: the last "http listening on HOST:PORT"
  * log line). Returns the malloc'd response (head and body) or NULL. */
 static char *scrape_metrics(void)
@@ -246,7 +197,7 @@ static char *scrape_metrics(void)
     size_t i;
     json_t *line;
     json_array_foreach(all, i, line) {
-        const char *msg = jstr(line, "msg");
+        const char *msg = harness_json_str(line, "msg");
         if (strncmp(msg, "http listening on ", 18) == 0)
             sscanf(msg + 18, "%63[^:]:%d", host, &port);
     }
@@ -339,7 +290,7 @@ Test(retry, fails_three_times_then_succeeds_within_schedule, .fini = teardown, .
     install_failure_injection(&H);
     harness_insert_orders(&H, "r", 1, "PAYING");
     harness_sql(&H, "INSERT INTO fail_budget VALUES ('r0', 3)");
-    start_daemon();
+    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
 
     harness_publish_event(&H, "r0", "PAY_SUCCESS", 4200);
     cr_assert(harness_wait_scalar(&H, 1, 20000, "SELECT COUNT(*) FROM msg_dedup"));
@@ -368,13 +319,15 @@ Test(retry, fails_three_times_then_succeeds_within_schedule, .fini = teardown, .
         json_t *line = json_array_get(lines, (size_t)n);
         cr_assert_eq(jint(line, "retries"), n, "attempt %d logged retries %lld", n,
                      jint(line, "retries"));
-        cr_assert_str_eq(jstr(line, "outcome"), n < 3 ? "retried" : "processed");
+        cr_assert_str_eq(harness_json_str(line, "outcome"), n < 3 ? "retried" : "processed");
         if (n < 3)
-            cr_assert(strstr(jstr(line, "msg"), "MySQL error 1213 (40001): injected deadlock"),
+            cr_assert(strstr(harness_json_str(line, "msg"),
+                             "MySQL error 1213 (40001): injected deadlock"),
                       "the SIGNALed deadlock should reach idemq as errno 1213: %s",
-                      jstr(line, "msg"));
+                      harness_json_str(line, "msg"));
     }
-    cr_assert_str_eq(jstr(json_array_get(lines, 3), "msg"), "processed after 3 retries");
+    cr_assert_str_eq(harness_json_str(json_array_get(lines, 3), "msg"),
+                     "processed after 3 retries");
 
     /* Delays: attempt n comes back after [base*2^(n-1), base*2^(n-1) + jitter + tolerance]. */
     for (int n = 1; n <= 3; n++) {
@@ -383,8 +336,9 @@ Test(retry, fails_three_times_then_succeeds_within_schedule, .fini = teardown, .
         int64_t measured = jint(cur, "_ts_ms") - jint(prev, "_ts_ms");
         unsigned level = 0, of = 0;
         unsigned long long drawn = 0;
-        cr_assert_eq(sscanf(jstr(prev, "msg"), "retry %u of %u in %llu ms", &level, &of, &drawn),
-                     3, "unexpected retry log text: %s", jstr(prev, "msg"));
+        cr_assert_eq(
+            sscanf(harness_json_str(prev, "msg"), "retry %u of %u in %llu ms", &level, &of, &drawn),
+            3, "unexpected retry log text: %s", harness_json_str(prev, "msg"));
         fprintf(stderr,
                 "[measure] retry %d: drawn delay %llu ms (schedule %" PRId64 "..%" PRId64
                 "), measured %" PRId64 " ms (bound %" PRId64 "..%" PRId64 ")\n",
@@ -406,9 +360,11 @@ Test(retry, fails_three_times_then_succeeds_within_schedule, .fini = teardown, .
     json_decref(all);
 
     /* Nothing left anywhere. */
-    cr_assert_eq(depth_of(""), 0);
-    cr_assert_eq(depth_of(".retry.1") + depth_of(".retry.2") + depth_of(".retry.3"), 0);
-    cr_assert_eq(depth_of(".dlq"), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ""), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ".retry.1") + harness_queue_depth_of(&H, ".retry.2") +
+                     harness_queue_depth_of(&H, ".retry.3"),
+                 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ".dlq"), 0);
 }
 
 /* ------------------------------------------------------------------------------ exhausted */
@@ -421,7 +377,7 @@ Test(retry, always_failing_ends_in_dlq_with_original_body_and_headers, .fini = t
     install_failure_injection(&H);
     harness_insert_orders(&H, "a", 1, "PAYING");
     harness_sql(&H, "INSERT INTO fail_budget VALUES ('a0', 1000000)");
-    start_daemon();
+    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
 
     /* Unusual but valid bytes: spacing, key order, non-ASCII text: any re-encoding shows. */
     static const char body[] =
@@ -448,7 +404,8 @@ Test(retry, always_failing_ends_in_dlq_with_original_body_and_headers, .fini = t
     int64_t published_at = wall_ms();
     harness_publish_props(&H, NULL, H.queue, &props, body, sizeof body - 1);
 
-    cr_assert(wait_depth(".dlq", 1, 20000), "the message never reached the DLQ");
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", 1, 20000),
+              "the message never reached the DLQ");
     cr_assert(harness_wait_log(&H, "\"outcome\":\"dead_lettered\"", 1, 5000));
     cr_assert(wait_metric("idemq_messages_total", ",outcome=\"dead_lettered\"", 1, 5000));
     cr_assert(wait_metric("idemq_messages_total", ",outcome=\"retried\"", 3, 5000));
@@ -464,23 +421,24 @@ Test(retry, always_failing_ends_in_dlq_with_original_body_and_headers, .fini = t
     for (int n = 0; n < 4; n++)
         cr_assert_eq(jint(json_array_get(lines, (size_t)n), "retries"), n);
     json_t *last = json_array_get(lines, 3);
-    cr_assert_str_eq(jstr(last, "outcome"), "dead_lettered");
+    cr_assert_str_eq(harness_json_str(last, "outcome"), "dead_lettered");
     const char *prefix = "dead-lettered (retries_exhausted): ";
-    cr_assert(strncmp(jstr(last, "msg"), prefix, strlen(prefix)) == 0, "%s", jstr(last, "msg"));
+    cr_assert(strncmp(harness_json_str(last, "msg"), prefix, strlen(prefix)) == 0, "%s",
+              harness_json_str(last, "msg"));
     char last_error[1100];
-    snprintf(last_error, sizeof last_error, "%s", jstr(last, "msg") + strlen(prefix));
+    snprintf(last_error, sizeof last_error, "%s", harness_json_str(last, "msg") + strlen(prefix));
     int64_t first_failure_logged = jint(json_array_get(lines, 0), "_ts_ms");
     int64_t last_failure_logged = jint(last, "_ts_ms");
     cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM attempts"), 4);
 
     /* Nothing left in the work queue or the ladder; one copy in the DLQ. */
-    cr_assert_eq(depth_of(""), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ""), 0);
     for (int level = 1; level <= 3; level++) {
         char suffix[32];
         snprintf(suffix, sizeof suffix, ".retry.%d", level);
-        cr_assert_eq(depth_of(suffix), 0, "%s%s is not empty", H.queue, suffix);
+        cr_assert_eq(harness_queue_depth_of(&H, suffix), 0, "%s%s is not empty", H.queue, suffix);
     }
-    cr_assert_eq(depth_of(".dlq"), 1);
+    cr_assert_eq(harness_queue_depth_of(&H, ".dlq"), 1);
     cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), 0,
                  "a failed message must leave no dedup row");
     cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE status = 'PAYING'"), 1);
@@ -493,11 +451,11 @@ Test(retry, always_failing_ends_in_dlq_with_original_body_and_headers, .fini = t
                  sizeof body - 1);
     cr_assert(memcmp(m.body.bytes, body, sizeof body - 1) == 0, "DLQ body differs from original");
     cr_assert(m.properties._flags & AMQP_BASIC_CONTENT_TYPE_FLAG);
-    cr_assert(bytes_equal(m.properties.content_type, "application/json"));
+    cr_assert(harness_bytes_eq(m.properties.content_type, amqp_cstring_bytes("application/json")));
     cr_assert(m.properties._flags & AMQP_BASIC_CORRELATION_ID_FLAG);
-    cr_assert(bytes_equal(m.properties.correlation_id, "corr-a0"));
+    cr_assert(harness_bytes_eq(m.properties.correlation_id, amqp_cstring_bytes("corr-a0")));
     cr_assert(m.properties._flags & AMQP_BASIC_APP_ID_FLAG);
-    cr_assert(bytes_equal(m.properties.app_id, "payments-gateway"));
+    cr_assert(harness_bytes_eq(m.properties.app_id, amqp_cstring_bytes("payments-gateway")));
     cr_assert_eq(m.properties.delivery_mode, AMQP_DELIVERY_PERSISTENT);
     cr_assert(!(m.properties._flags & AMQP_BASIC_EXPIRATION_FLAG),
               "a dead letter must not carry an expiration");
@@ -611,14 +569,14 @@ Test(retry, non_retryable_goes_straight_to_dlq, .fini = teardown, .timeout = 60)
     harness_options o = {.retry_set = true, .max_retries = 3, .base = "100ms", .jitter = "50ms"};
     setup("retry_non_retryable", &o);
     harness_insert_orders(&H, "n", 1, "PAYING");
-    start_daemon();
+    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
 
     static const char malformed[] = "{\"biz_key\":\"order_id:bad:PAY_SUCCESS\",\"order_id\":";
     harness_publish(&H, NULL, "application/json", malformed, sizeof malformed - 1, NULL);
     /* REFUND_SUCCESS needs REFUNDING; the row is PAYING: an illegal transition. */
     harness_publish_event(&H, "n0", "REFUND_SUCCESS", 1);
 
-    cr_assert(wait_depth(".dlq", 2, 15000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", 2, 15000));
     cr_assert(harness_wait_log(&H, "\"outcome\":\"dead_lettered\"", 2, 5000));
     harness_stop_idemq(&daemon_pid);
 
@@ -634,8 +592,10 @@ Test(retry, non_retryable_goes_straight_to_dlq, .fini = teardown, .timeout = 60)
     json_decref(lines);
     json_decref(all);
 
-    cr_assert_eq(depth_of(".retry.1") + depth_of(".retry.2") + depth_of(".retry.3"), 0);
-    cr_assert_eq(depth_of(""), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ".retry.1") + harness_queue_depth_of(&H, ".retry.2") +
+                     harness_queue_depth_of(&H, ".retry.3"),
+                 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ""), 0);
     cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup"), 0);
     cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE status = 'PAYING'"), 1);
 
@@ -674,9 +634,8 @@ Test(retry, level_three_copy_behind_largest_jitter_is_back_within_bound, .fini =
     const int64_t own_delay = 800, jitter = 100;
     harness_options o = {.retry_set = true, .max_retries = 3, .base = "200ms", .jitter = "100ms"};
     setup("retry_head_of_line", &o);
-    int rc;
-    const char *args[] = {"topology", "-c", H.config_path, NULL};
-    char *out = run_cli(&rc, args);
+    char *out = NULL;
+    int rc = harness_run_cli_command(&H, "topology", &out);
     cr_assert_eq(rc, 0, "idemq topology failed: %s", out);
     free(out);
 
@@ -736,7 +695,7 @@ Test(retry, level_three_copy_behind_largest_jitter_is_back_within_bound, .fini =
               last_back, own_delay + jitter + 1000);
     cr_assert_eq(got_ahead, ahead_count, "all copies ahead came back first (%zu of %zu)",
                  got_ahead, ahead_count);
-    cr_assert_eq(depth(level3), 0);
+    cr_assert_eq(harness_queue_depth(&H, level3), 0);
 }
 
 /* ------------------------------------------------------------------------------ kill -9 */
@@ -752,7 +711,7 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
     install_failure_injection(&H);
     harness_insert_orders(&H, "k", KILL_ORDERS, "PAYING");
     harness_sql(&H, "INSERT INTO fail_budget SELECT order_id, 2 FROM orders");
-    start_daemon();
+    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
     for (int i = 0; i < KILL_ORDERS; i++) {
         char id[16];
         snprintf(id, sizeof id, "k%d", i);
@@ -763,7 +722,8 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
     cr_assert(harness_wait_log(&H, "\"retries\":1,\"outcome\":\"retried\"", 5, 15000));
     cr_assert_eq(harness_stop(daemon_pid, SIGKILL, 5000), 128 + SIGKILL);
     daemon_pid = 0;
-    long in_ladder = depth_of(".retry.1") + depth_of(".retry.2");
+    long in_ladder =
+        harness_queue_depth_of(&H, ".retry.1") + harness_queue_depth_of(&H, ".retry.2");
     fprintf(stderr, "[measure] kill -9: %ld message(s) in Q.retry.1/2 right after the kill\n",
             in_ladder);
     cr_assert(in_ladder > 0, "the kill should find messages in the ladder");
@@ -778,7 +738,8 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
         snprintf(key, sizeof key, "order_id:k%d:PAY_SUCCESS", i);
         json_t *lines = outcome_lines(before, key);
         size_t n = json_array_size(lines);
-        if (n > 0 && strcmp(jstr(json_array_get(lines, n - 1), "outcome"), "retried") == 0)
+        if (n > 0 &&
+            strcmp(harness_json_str(json_array_get(lines, n - 1), "outcome"), "retried") == 0)
             snprintf(laddered[laddered_count++], sizeof laddered[0], "%s", key);
         json_decref(lines);
     }
@@ -786,22 +747,26 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
     cr_assert(laddered_count > 0);
 
     /* With idemq gone, the ladder still returns everything to the work queue. */
-    cr_assert(wait_depth(".retry.1", 0, 10000));
-    cr_assert(wait_depth(".retry.2", 0, 10000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".retry.1", 0, 10000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".retry.2", 0, 10000));
 
-    start_daemon();
+    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
     cr_assert(harness_wait_scalar(&H, KILL_ORDERS, 20000, "SELECT COUNT(*) FROM msg_dedup"));
     cr_assert(harness_wait_scalar(&H, KILL_ORDERS, 5000,
                                   "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"));
     cr_assert(harness_wait_log(&H, "\"outcome\":\"processed\"", KILL_ORDERS, 5000));
     /* A chain forked by the kill (see below) may still have a copy on its way: let it land. */
-    cr_assert(wait_depth(".retry.1", 0, 5000) && wait_depth(".retry.2", 0, 5000) &&
-              wait_depth(".retry.3", 0, 5000) && wait_depth("", 0, 5000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".retry.1", 0, 5000) &&
+              harness_wait_queue_depth_of(&H, ".retry.2", 0, 5000) &&
+              harness_wait_queue_depth_of(&H, ".retry.3", 0, 5000) &&
+              harness_wait_queue_depth_of(&H, "", 0, 5000));
     harness_stop_idemq(&daemon_pid);
 
-    cr_assert_eq(depth_of(".dlq"), 0);
-    cr_assert_eq(depth_of(""), 0);
-    cr_assert_eq(depth_of(".retry.1") + depth_of(".retry.2") + depth_of(".retry.3"), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ".dlq"), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ""), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ".retry.1") + harness_queue_depth_of(&H, ".retry.2") +
+                     harness_queue_depth_of(&H, ".retry.3"),
+                 0);
 
     json_t *all = harness_log_load(&H);
     size_t recovered_after_restart = 0, disturbed = 0;
@@ -838,7 +803,7 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
                       "%s logged retries %lld: more than its 2 failures allow", key, retries);
             if (seen[retries]++)
                 fork = true;
-            if (strcmp(jstr(line, "outcome"), "processed") == 0 &&
+            if (strcmp(harness_json_str(line, "outcome"), "processed") == 0 &&
                 (size_t)jint(line, "_line") >= lines_before && retries == 2)
                 for (size_t k = 0; k < laddered_count; k++)
                     if (strcmp(laddered[k], key) == 0)
@@ -855,7 +820,8 @@ Test(retry, kill_9_with_messages_in_the_ladder_keeps_retry_counts, .fini = teard
                 json_t *l = json_array_get(lines, (size_t)n);
                 cr_assert_eq(jint(l, "retries"), n, "%s: line %d has retries %lld", key, n,
                              jint(l, "retries"));
-                cr_assert_str_eq(jstr(l, "outcome"), n < 2 ? "retried" : "processed", "%s", key);
+                cr_assert_str_eq(harness_json_str(l, "outcome"), n < 2 ? "retried" : "processed",
+                                 "%s", key);
             }
         }
         json_decref(lines);
@@ -894,7 +860,7 @@ Test(retry, retries_reach_only_the_consumer_queue_not_topic_siblings, .fini = te
                         amqp_empty_table);
         cr_assert_eq(amqp_get_rpc_reply(H.amqp).reply_type, AMQP_RESPONSE_NORMAL);
     }
-    start_daemon();
+    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
 
     /* No row for t0: the state machine says retryable every time. */
     char body[256];
@@ -906,7 +872,7 @@ Test(retry, retries_reach_only_the_consumer_queue_not_topic_siblings, .fini = te
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
     harness_publish_props(&H, extra_exchange, "orders.eu.paid", &props, body, strlen(body));
 
-    cr_assert(wait_depth(".dlq", 1, 15000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", 1, 15000));
     cr_assert(harness_wait_log(&H, "\"outcome\":\"dead_lettered\"", 1, 5000));
     harness_stop_idemq(&daemon_pid);
 
@@ -916,14 +882,15 @@ Test(retry, retries_reach_only_the_consumer_queue_not_topic_siblings, .fini = te
     cr_assert_eq(json_array_size(lines), 3);
     for (int n = 0; n < 3; n++)
         cr_assert_eq(jint(json_array_get(lines, (size_t)n), "retries"), n);
-    cr_assert(strstr(jstr(json_array_get(lines, 0), "msg"), "not found"), "%s",
-                     jstr(json_array_get(lines, 0), "msg"));
+    cr_assert(strstr(harness_json_str(json_array_get(lines, 0), "msg"), "not found"), "%s",
+              harness_json_str(json_array_get(lines, 0), "msg"));
     json_decref(lines);
     json_decref(all);
 
     /* ...while the sibling queue got the original publish only. */
-    cr_assert_eq(depth(extra_queue), 1, "%s holds %ld messages, expected only the original",
-                 extra_queue, depth(extra_queue));
+    cr_assert_eq(harness_queue_depth(&H, extra_queue), 1,
+                 "%s holds %ld messages, expected only the original", extra_queue,
+                 harness_queue_depth(&H, extra_queue));
     amqp_message_t m;
     cr_assert(harness_get(&H, extra_queue, &m));
     int64_t retries;
@@ -945,7 +912,7 @@ Test(retry, redeclaring_with_another_ttl_is_a_clear_406, .fini = teardown, .time
     /* --dry-run prints the plan without connecting: an unreachable broker does not matter. */
     setenv("IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f", 1);
     const char *dry[] = {"topology", "--dry-run", "-c", H.config_path, NULL};
-    out = run_cli(&rc, dry);
+    rc = harness_run_cli(&H, &out, dry);
     unsetenv("IDEMQ_AMQP_URL");
     cr_assert_eq(rc, 0, "topology --dry-run exited %d: %s", rc, out);
     char expect[300];
@@ -961,18 +928,18 @@ Test(retry, redeclaring_with_another_ttl_is_a_clear_406, .fini = teardown, .time
     snprintf(expect, sizeof expect, "%s.dlx", H.queue);
     cr_assert(strstr(out, expect), "plan lacks %s:\n%s", expect, out);
     free(out);
-    cr_assert_eq(depth_of(""), -1, "--dry-run must not declare anything");
+    cr_assert_eq(harness_queue_depth_of(&H, ""), -1, "--dry-run must not declare anything");
 
     const char *declare[] = {"topology", "-c", H.config_path, NULL};
-    out = run_cli(&rc, declare);
+    rc = harness_run_cli(&H, &out, declare);
     cr_assert_eq(rc, 0, "first declare failed: %s", out);
     free(out);
-    cr_assert_eq(depth_of(".retry.1"), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ".retry.1"), 0);
 
     /* Same names, another base delay: Q.retry.1's x-message-ttl differs. */
     o.base = "120ms";
     harness_write_config(&H, &o);
-    out = run_cli(&rc, declare);
+    rc = harness_run_cli(&H, &out, declare);
     fprintf(stderr, "[measure] idemq topology on a changed TTL said:\n%s", out);
     cr_assert_eq(rc, 2, "topology on a TTL mismatch should exit 2, got %d: %s", rc, out);
     snprintf(expect, sizeof expect, "%s.retry.1", H.queue);
@@ -1000,7 +967,7 @@ static bool key_in_listing(json_t *doc, const char *key, json_t **found)
     size_t i;
     json_t *msg;
     json_array_foreach(json_object_get(doc, "messages"), i, msg) {
-        if (strcmp(jstr(msg, "biz_key"), key) == 0) {
+        if (strcmp(harness_json_str(msg, "biz_key"), key) == 0) {
             if (found)
                 *found = msg;
             return true;
@@ -1014,29 +981,30 @@ Test(retry, dlq_list_keeps_replay_applies_once_and_purge_needs_yes, .fini = tear
     harness_options o = {.retry_set = true, .max_retries = 3, .base = "100ms", .jitter = "50ms"};
     setup("retry_dlq_tools", &o);
     harness_insert_orders(&H, "d", 3, "PAYING");
-    start_daemon();
+    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
     /* REFUND_START needs PAID: three illegal transitions. */
     for (int i = 0; i < 3; i++) {
         char id[8];
         snprintf(id, sizeof id, "d%d", i);
         harness_publish_event(&H, id, "REFUND_START", 0);
     }
-    cr_assert(wait_depth(".dlq", 3, 15000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", 3, 15000));
     int rc;
     char *out;
 
     /* list: key and reason, nothing removed. */
     const char *list[] = {"dlq", "list", "-c", H.config_path, NULL};
-    out = run_cli(&rc, list);
+    rc = harness_run_cli(&H, &out, list);
     cr_assert_eq(rc, 0, "dlq list: %s", out);
     cr_assert(strstr(out, "order_id:d0:REFUND_START"), "%s", out);
     cr_assert(strstr(out, "non_retryable"), "%s", out);
     cr_assert(strstr(out, "illegal transition"), "%s", out);
     free(out);
-    cr_assert(wait_depth(".dlq", 3, 5000), "dlq list must not remove anything");
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", 3, 5000),
+              "dlq list must not remove anything");
 
     const char *list_json[] = {"dlq", "list", "-c", H.config_path, "--json", NULL};
-    out = run_cli(&rc, list_json);
+    rc = harness_run_cli(&H, &out, list_json);
     cr_assert_eq(rc, 0, "dlq list --json: %s", out);
     json_error_t jerr;
     json_t *doc = json_loads(out, 0, &jerr);
@@ -1044,24 +1012,25 @@ Test(retry, dlq_list_keeps_replay_applies_once_and_purge_needs_yes, .fini = tear
     free(out);
     char dlq[200];
     queue_name(dlq, sizeof dlq, ".dlq");
-    cr_assert_str_eq(jstr(doc, "queue"), dlq);
+    cr_assert_str_eq(harness_json_str(doc, "queue"), dlq);
     cr_assert_eq(json_array_size(json_object_get(doc, "messages")), 3);
     json_t *entry = NULL;
     cr_assert(key_in_listing(doc, "order_id:d1:REFUND_START", &entry));
-    cr_assert_str_eq(jstr(entry, "error_class"), "non_retryable");
-    cr_assert(strstr(jstr(entry, "error"), "illegal transition"));
+    cr_assert_str_eq(harness_json_str(entry, "error_class"), "non_retryable");
+    cr_assert(strstr(harness_json_str(entry, "error"), "illegal transition"));
     cr_assert_eq(jint(entry, "retries"), 0);
     cr_assert(json_is_string(json_object_get(entry, "first_failed_at")) &&
-              strcmp(jstr(entry, "first_failed_at"), "-") != 0);
+              strcmp(harness_json_str(entry, "first_failed_at"), "-") != 0);
     cr_assert(json_is_integer(json_object_get(entry, "age_seconds")));
     json_decref(doc);
-    cr_assert(wait_depth(".dlq", 3, 5000), "dlq list --json must not remove anything");
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", 3, 5000),
+              "dlq list --json must not remove anything");
 
     /* Fix d0's cause, replay only d0: applied once, leaves the DLQ, the others stay. */
     harness_sql(&H, "UPDATE orders SET status = 'PAID' WHERE order_id = 'd0'");
     const char *replay_one[] = {"dlq", "replay", "-c", H.config_path, "--biz-key",
                                 "order_id:d0:REFUND_START", NULL};
-    out = run_cli(&rc, replay_one);
+    rc = harness_run_cli(&H, &out, replay_one);
     cr_assert_eq(rc, 0, "dlq replay --biz-key: %s", out);
     free(out);
     cr_assert(harness_wait_scalar(&H, 1, 10000,
@@ -1069,7 +1038,8 @@ Test(retry, dlq_list_keeps_replay_applies_once_and_purge_needs_yes, .fini = tear
                                   "status = 'REFUNDING'"));
     cr_assert(harness_wait_scalar(&H, 1, 5000, "SELECT COUNT(*) FROM msg_dedup WHERE "
                                                "biz_key = 'order_id:d0:REFUND_START'"));
-    cr_assert(wait_depth(".dlq", 2, 5000), "the replayed message must leave the DLQ");
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", 2, 5000),
+              "the replayed message must leave the DLQ");
     cr_assert(harness_wait_log(&H, "\"biz_key\":\"order_id:d0:REFUND_START\"", 2, 5000));
     cr_assert_eq(harness_log_count(&H, "\"biz_key\":\"order_id:d0:REFUND_START\",\"message_id\":"
                                        "\"m-d0-REFUND_START\",\"retries\":0,\"outcome\":"
@@ -1079,28 +1049,29 @@ Test(retry, dlq_list_keeps_replay_applies_once_and_purge_needs_yes, .fini = tear
     /* Fix the others, replay --all. */
     harness_sql(&H, "UPDATE orders SET status = 'PAID' WHERE order_id IN ('d1', 'd2')");
     const char *replay_all[] = {"dlq", "replay", "-c", H.config_path, "--all", NULL};
-    out = run_cli(&rc, replay_all);
+    rc = harness_run_cli(&H, &out, replay_all);
     cr_assert_eq(rc, 0, "dlq replay --all: %s", out);
     free(out);
     cr_assert(harness_wait_scalar(&H, 3, 10000,
                                   "SELECT COUNT(*) FROM orders WHERE status = 'REFUNDING'"));
     cr_assert(harness_wait_scalar(&H, 3, 5000, "SELECT COUNT(*) FROM msg_dedup"));
-    cr_assert(wait_depth(".dlq", 0, 5000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", 0, 5000));
 
     /* purge: refuses without --yes, empties with it. */
     static const char junk[] = "not json at all";
     harness_publish(&H, NULL, "application/json", junk, sizeof junk - 1, NULL);
     harness_publish(&H, NULL, "application/json", junk, sizeof junk - 1, NULL);
-    cr_assert(wait_depth(".dlq", 2, 10000));
+    cr_assert(harness_wait_queue_depth_of(&H, ".dlq", 2, 10000));
     harness_stop_idemq(&daemon_pid);
     const char *purge_no[] = {"dlq", "purge", "-c", H.config_path, NULL};
-    out = run_cli(&rc, purge_no);
+    rc = harness_run_cli(&H, &out, purge_no);
     cr_assert_eq(rc, 2, "dlq purge without --yes should exit 2, got %d: %s", rc, out);
     free(out);
-    cr_assert_eq(depth_of(".dlq"), 2, "purge without --yes must not delete anything");
+    cr_assert_eq(harness_queue_depth_of(&H, ".dlq"), 2,
+                 "purge without --yes must not delete anything");
     const char *purge_yes[] = {"dlq", "purge", "-c", H.config_path, "--yes", NULL};
-    out = run_cli(&rc, purge_yes);
+    rc = harness_run_cli(&H, &out, purge_yes);
     cr_assert_eq(rc, 0, "dlq purge --yes: %s", out);
     free(out);
-    cr_assert_eq(depth_of(".dlq"), 0);
+    cr_assert_eq(harness_queue_depth_of(&H, ".dlq"), 0);
 }

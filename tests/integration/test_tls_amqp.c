@@ -131,13 +131,6 @@ static void init_verified(const char *name, const char *extra_tls)
     set_verified(extra_tls);
 }
 
-/* Runs `idemq CMD -c config [more...]`; output (malloc'd) into *out. */
-static int run_cli(char **out, const char *cmd, const char *more1, const char *more2)
-{
-    const char *args[] = {cmd, "-c", F.h.config_path, more1, more2, NULL};
-    return harness_run_cli(&F.h, out, args);
-}
-
 /* Lines of text containing needle. */
 static int count_lines(const char *text, const char *needle)
 {
@@ -229,7 +222,7 @@ Test(tls_amqp, check_prints_the_tls_version_and_cipher)
 {
     init_verified("tls_check", NULL);
     char *out = NULL;
-    int rc = run_cli(&out, "check", NULL, NULL);
+    int rc = harness_run_cli_command(&F.h, "check", &out);
     cr_assert_eq(rc, 0, "idemq check exited %d:\n%s", rc, out);
     char hp[128], line[256];
     amqps_host_port(hp, sizeof hp);
@@ -262,7 +255,7 @@ Test(tls_amqp, without_the_ca_every_command_fails_with_one_clear_line)
              hp);
 
     char *out = NULL;
-    int rc = run_cli(&out, "check", NULL, NULL);
+    int rc = harness_run_cli_command(&F.h, "check", &out);
     cr_assert_eq(rc, 1, "idemq check exited %d:\n%s", rc, out);
     expect_one_clear_line("check", out, expected);
     cr_expect(strstr(out, "its chain ends in the CA 'CN=idemq test CA,O=idemq tests'") &&
@@ -270,7 +263,7 @@ Test(tls_amqp, without_the_ca_every_command_fails_with_one_clear_line)
               "the line does not say which CA is missing and what to do:\n%s", out);
     free(out);
 
-    rc = run_cli(&out, "topology", NULL, NULL);
+    rc = harness_run_cli_command(&F.h, "topology", &out);
     cr_expect_eq(rc, 1, "idemq topology exited %d:\n%s", rc, out);
     expect_one_clear_line("topology", out, expected);
     free(out);
@@ -301,14 +294,14 @@ Test(tls_amqp, a_wrong_server_name_fails_with_one_clear_line)
              "'rmq.internal'",
              hp);
     char *out = NULL;
-    int rc = run_cli(&out, "check", NULL, NULL);
+    int rc = harness_run_cli_command(&F.h, "check", &out);
     cr_assert_eq(rc, 1, "idemq check exited %d:\n%s", rc, out);
     expect_one_clear_line("check", out, expected);
     free(out);
 
     /* A name the certificate holds works, though the URL's host is an address. */
     set_verified("server_name: localhost");
-    rc = run_cli(&out, "check", NULL, NULL);
+    rc = harness_run_cli_command(&F.h, "check", &out);
     cr_assert_eq(rc, 0, "idemq check exited %d:\n%s", rc, out);
     cr_expect(strstr(out, "verified for 'localhost'"), "%s", out);
     free(out);
@@ -410,7 +403,7 @@ static char *check_against_sni_server(sni_server *s, const char *tls_extra)
              tls_extra ? ", " : "", tls_extra ? tls_extra : "");
     set_amqp(url, tls);
     char *out = NULL;
-    int rc = run_cli(&out, "check", NULL, NULL);
+    int rc = harness_run_cli_command(&F.h, "check", &out);
     sni_server_join(s);
     cr_expect_eq(rc, 1, "check against a server that is not a broker exited %d:\n%s", rc, out);
     return out;
@@ -458,7 +451,7 @@ Test(tls_amqp, mutual_tls_with_external_login_and_no_password)
     set_amqp(url, tls);
 
     char *out = NULL;
-    int rc = run_cli(&out, "check", NULL, NULL);
+    int rc = harness_run_cli_command(&F.h, "check", &out);
     cr_assert_eq(rc, 0, "idemq check exited %d:\n%s", rc, out);
     cr_expect(strstr(out, "client certificate 'CN=" CLIENT_CN) && strstr(out, "EXTERNAL login"),
               "%s", out);
@@ -506,7 +499,7 @@ Test(tls_amqp, a_client_certificate_of_an_unknown_ca_is_refused_clearly)
              "TLS: RabbitMQ at %s refused the client certificate cert_file %s (", hp, cert);
     for (int attempt = 0; attempt < UNTRUSTED_ATTEMPTS; attempt++) {
         char *out = NULL;
-        int rc = run_cli(&out, "check", NULL, NULL);
+        int rc = harness_run_cli_command(&F.h, "check", &out);
         cr_assert_eq(rc, 1, "attempt %d: idemq check exited %d:\n%s", attempt, rc, out);
         cr_assert(count_lines(out, expected) == 1 && strstr(out, "unknown ca"),
                   "attempt %d: expected one line with \"%s\" naming the broker's alert; got:\n%s",
@@ -532,7 +525,7 @@ Test(tls_amqp, verify_false_connects_and_warns_at_start)
     harness_stop_idemq(&F.daemon);
 
     char *out = NULL;
-    int rc = run_cli(&out, "check", NULL, NULL);
+    int rc = harness_run_cli_command(&F.h, "check", &out);
     cr_expect_eq(rc, 0, "idemq check exited %d:\n%s", rc, out);
     cr_expect(strstr(out, "amqp    WARN amqp.tls.verify is false"), "%s", out);
     free(out);

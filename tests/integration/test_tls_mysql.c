@@ -118,12 +118,6 @@ static const char *with_ca(const char *mode, const char *ca_name)
     return b;
 }
 
-static int run_cli(const char *command, char **out)
-{
-    const char *args[] = {command, "-c", F.h.config_path, NULL};
-    return harness_run_cli(&F.h, out, args);
-}
-
 /* The first line of text containing needle, as its own string (static); NULL when none. */
 static const char *line_with(const char *text, const char *needle)
 {
@@ -143,7 +137,7 @@ static const char *line_with(const char *text, const char *needle)
 static void expect_check_fails_with(const char *const *needles)
 {
     char *out = NULL;
-    int rc = run_cli("check", &out);
+    int rc = harness_run_cli_command(&F.h, "check", &out);
     cr_assert_eq(rc, 1, "idemq check exited %d:\n%s", rc, out);
     const char *line = line_with(out, needles[0]);
     cr_assert(line, "no line with '%s' in:\n%s", needles[0], out);
@@ -182,7 +176,7 @@ Test(tls_mysql, effective_once_workload_over_verify_identity_tls, .timeout = 240
     harness_insert_orders(&F.h, "o", ORDERS, "PAYING");
 
     char *out = NULL;
-    int rc = run_cli("migrate", &out);
+    int rc = harness_run_cli_command(&F.h, "migrate", &out);
     cr_assert_eq(rc, 0, "idemq migrate over TLS exited %d:\n%s", rc, out);
     free(out);
 
@@ -231,7 +225,7 @@ Test(tls_mysql, check_prints_the_tls_version_and_cipher, .timeout = 90)
     setup("tls_check", NULL);
     use_tls("127.0.0.1", with_ca("verify_identity", "ca.pem"));
     char *out = NULL;
-    int rc = run_cli("check", &out);
+    int rc = harness_run_cli_command(&F.h, "check", &out);
     cr_assert_eq(rc, 0, "idemq check exited %d:\n%s", rc, out);
     const char *line = line_with(out, "mysql   tls  ");
     cr_assert(line, "no tls line:\n%s", out);
@@ -242,7 +236,7 @@ Test(tls_mysql, check_prints_the_tls_version_and_cipher, .timeout = 90)
 
     /* The default, preferred, encrypts whenever the server offers TLS... */
     use_tls("127.0.0.1", NULL);
-    rc = run_cli("check", &out);
+    rc = harness_run_cli_command(&F.h, "check", &out);
     cr_assert_eq(rc, 0, "idemq check exited %d:\n%s", rc, out);
     line = line_with(out, "mysql   tls  ");
     cr_assert(line && strstr(line, ", cipher ") && strstr(line, "(mysql.tls.mode preferred)"), "%s",
@@ -253,7 +247,7 @@ Test(tls_mysql, check_prints_the_tls_version_and_cipher, .timeout = 90)
     char plain[1024];
     snprintf(plain, sizeof plain, "mysql: {url: \"%s\", workers: 4}", plain_url);
     harness_config_replace_line(&F.h, "mysql: ", plain);
-    rc = run_cli("check", &out);
+    rc = harness_run_cli_command(&F.h, "check", &out);
     line = line_with(out, "mysql   tls  ");
     cr_assert(line && strstr(line, "mysql   tls  not encrypted (mysql.tls.mode preferred)"),
               "check exited %d:\n%s", rc, out);
@@ -275,7 +269,7 @@ Test(tls_mysql, verify_identity_refuses_a_certificate_for_another_name, .timeout
     /* verify_ca checks the chain, not the name: the same server passes. */
     use_tls("127.0.0.2", with_ca("verify_ca", "ca.pem"));
     char *out = NULL;
-    int rc = run_cli("check", &out);
+    int rc = harness_run_cli_command(&F.h, "check", &out);
     cr_assert_eq(rc, 0, "verify_ca to 127.0.0.2: check exited %d:\n%s", rc, out);
     free(out);
 
@@ -343,7 +337,7 @@ Test(tls_mysql, a_client_certificate_logs_in_an_account_that_requires_x509, .tim
              tls_file("ca.pem"), tls_file("client.pem"), tls_file("client.key"));
     use_server(userinfo, "127.0.0.1", tls);
     char *out = NULL;
-    int rc = run_cli("check", &out);
+    int rc = harness_run_cli_command(&F.h, "check", &out);
     cr_assert_eq(rc, 0, "with the client certificate: check exited %d:\n%s", rc, out);
     free(out);
 

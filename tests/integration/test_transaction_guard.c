@@ -65,12 +65,6 @@ static void setup(const char *name, const harness_options *o)
     h_ready = true;
 }
 
-static void start_daemon(void)
-{
-    harness_declare_topology(&H);
-    harness_start_idemq(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
-}
-
 static char dlq_name[200];
 
 static const char *dlq(void)
@@ -142,30 +136,25 @@ static void outcome_line(const char *order_id, long n, char *buf, size_t len)
 /* Waits until order_id's message has had n outcomes (processed, retried, dead_lettered, ...)
  * and returns the n-th log line in buf: the test then asserts on what happened, instead of
  * waiting out a deadline for the one outcome it expects. */
+typedef struct outcome_wait {
+    const char *key;
+    long n;
+} outcome_wait;
+
+static bool outcomes_reached(harness *h, void *arg)
+{
+    const outcome_wait *w = arg;
+    return harness_log_count_both(h->log_path, w->key, "\"outcome\":") >= w->n;
+}
+
 static void wait_outcome(const char *order_id, long n, char *buf, size_t len)
 {
     char key[160];
     snprintf(key, sizeof key, "\"biz_key\":\"order_id:%s:PAY\"", order_id);
-    int64_t deadline = harness_now_ms() + DEADLINE_MS;
-    while (harness_log_count_both(H.log_path, key, "\"outcome\":") < n) {
-        cr_assert(harness_now_ms() < deadline, "%s's message had no outcome %ld within %d ms",
-                  order_id, n, DEADLINE_MS);
-        struct timespec pause = {.tv_nsec = 20 * 1000000};
-        nanosleep(&pause, NULL);
-    }
+    outcome_wait w = {.key = key, .n = n};
+    cr_assert(harness_wait_for(outcomes_reached, &H, &w, DEADLINE_MS),
+              "%s's message had no outcome %ld within %d ms", order_id, n, DEADLINE_MS);
     outcome_line(order_id, n, buf, len);
-}
-
-static bool wait_depth(const char *queue, long expected)
-{
-    return harness_wait_queue_depth(&H, queue, expected, DEADLINE_MS);
-}
-
-static long depth(const char *queue)
-{
-    long n = -1;
-    harness_queue_info(&H, queue, &n, NULL);
-    return n;
 }
 
 static void header_text(const amqp_message_t *m, const char *name, char *buf, size_t len)
@@ -214,7 +203,7 @@ Test(transaction_guard, a_called_procedure_that_commits_is_dead_lettered_not_ack
                     "IF do_commit THEN COMMIT; END IF; END");
     harness_sql(&H, "INSERT INTO orders (order_id, status) VALUES ('c-1', 'PAYING'), "
                     "('plain-1', 'PAYING')");
-    start_daemon();
+    harness_start_declared(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
 
     publish_order_event("c-1", 1);     /* the procedure commits idemq's transaction */
     publish_order_event("plain-1", 0); /* control: same handler, the procedure does not commit */
@@ -233,7 +222,7 @@ Test(transaction_guard, a_called_procedure_that_commits_is_dead_lettered_not_ack
     cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM audit WHERE order_id = 'plain-1'"), 1);
     cr_expect_eq(dedup_rows("plain-1"), 1);
 
-    cr_assert(wait_depth(dlq(), 1));
+    cr_assert(harness_wait_queue_depth(&H, dlq(), 1, DEADLINE_MS));
     amqp_message_t m;
     cr_assert(harness_get(&H, dlq(), &m));
     char error_class[64], error[1100];
@@ -269,8 +258,8 @@ Test(transaction_guard, a_called_procedure_that_commits_is_dead_lettered_not_ack
 
     /* Settled, not left unacked: after idemq stops, nothing comes back to the work queue. */
     harness_stop_idemq(&daemon_pid);
-    cr_expect_eq(depth(H.queue), 0);
-    cr_expect_eq(depth(dlq()), 0);
+    cr_expect_eq(harness_queue_depth(&H, H.queue), 0);
+    cr_expect_eq(harness_queue_depth(&H, dlq()), 0);
 }
 
 /* ------------------------------------------------------------------------------ ROLLBACK */
@@ -308,7 +297,7 @@ Test(transaction_guard, a_plugin_that_swallows_a_rolled_back_transaction_is_retr
               "%s", mysql_error(locker));
     mysql_free_result(mysql_store_result(locker));
 
-    start_daemon();
+    harness_start_declared(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
     publish_order_event("lw-1", 0);
 
     /* The first attempt: 1205 ignored by the plugin, OK returned, retried by the guard. */
@@ -340,8 +329,8 @@ Test(transaction_guard, a_plugin_that_swallows_a_rolled_back_transaction_is_retr
     free(status);
     cr_expect_eq(log_lines_for("lw-1", "\"outcome\":\"dead_lettered\""), 0);
     harness_stop_idemq(&daemon_pid);
-    cr_expect_eq(depth(dlq()), 0);
-    cr_expect_eq(depth(H.queue), 0);
+    cr_expect_eq(harness_queue_depth(&H, dlq()), 0);
+    cr_expect_eq(harness_queue_depth(&H, H.queue), 0);
 }
 
 Test(transaction_guard, a_rollback_in_a_called_procedure_swallowed_by_a_plugin_is_retried)
@@ -353,7 +342,7 @@ Test(transaction_guard, a_rollback_in_a_called_procedure_swallowed_by_a_plugin_i
     create_ledger();
     harness_sql(&H, "CREATE PROCEDURE rollback_everything() BEGIN ROLLBACK; END");
     harness_sql(&H, "INSERT INTO orders (order_id, status) VALUES ('rb-1', 'PAYING')");
-    start_daemon();
+    harness_start_declared(&H, READY_LINE, DEADLINE_MS, &daemon_pid);
     publish_order_event("rb-1", 0);
 
     /* The first attempt CALLs the procedure (its ROLLBACK takes the dedup row), then writes the
@@ -376,6 +365,6 @@ Test(transaction_guard, a_rollback_in_a_called_procedure_swallowed_by_a_plugin_i
     free(status);
     cr_expect_eq(log_lines_for("rb-1", "\"outcome\":\"dead_lettered\""), 0);
     harness_stop_idemq(&daemon_pid);
-    cr_expect_eq(depth(dlq()), 0);
-    cr_expect_eq(depth(H.queue), 0);
+    cr_expect_eq(harness_queue_depth(&H, dlq()), 0);
+    cr_expect_eq(harness_queue_depth(&H, H.queue), 0);
 }

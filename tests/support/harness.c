@@ -152,6 +152,11 @@ void harness_write_config(harness *h, const harness_options *o)
     fclose(f);
 }
 
+bool harness_bytes_eq(amqp_bytes_t a, amqp_bytes_t b)
+{
+    return a.len == b.len && (a.len == 0 || memcmp(a.bytes, b.bytes, a.len) == 0);
+}
+
 void harness_init(harness *h, const char *test_name, const harness_options *opts)
 {
     memset(h, 0, sizeof *h);
@@ -251,8 +256,7 @@ void harness_fixture_init(harness_fixture *f, const char *test_name, const harne
 
 void harness_fixture_start(harness_fixture *f, const char *ready_line, int timeout_ms)
 {
-    harness_declare_topology(&f->h);
-    harness_start_idemq(&f->h, ready_line, timeout_ms, &f->daemon);
+    harness_start_declared(&f->h, ready_line, timeout_ms, &f->daemon);
 }
 
 void harness_fixture_fini(harness_fixture *f)
@@ -552,6 +556,20 @@ void harness_publish_batch(harness *h, const char *routing_key, const char *cont
     }
 }
 
+long harness_queue_depth_of(harness *h, const char *suffix)
+{
+    char name[200];
+    snprintf(name, sizeof name, "%s%s", h->queue, suffix);
+    return harness_queue_depth(h, name);
+}
+
+bool harness_wait_queue_depth_of(harness *h, const char *suffix, long expected, int timeout_ms)
+{
+    char name[200];
+    snprintf(name, sizeof name, "%s%s", h->queue, suffix);
+    return harness_wait_queue_depth(h, name, expected, timeout_ms);
+}
+
 bool harness_queue_info(harness *h, const char *queue, long *messages, long *consumers)
 {
     amqp_queue_declare_ok_t *ok = amqp_queue_declare(
@@ -717,17 +735,25 @@ pid_t harness_spawn(harness *h)
     return harness_spawn_logged(h, h->log_path);
 }
 
+int harness_wait_exit(pid_t pid, int timeout_ms)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    for (;;) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return status;
+        if (harness_now_ms() >= deadline)
+            return -1;
+        pause_ms(10);
+    }
+}
+
 int harness_stop(pid_t pid, int sig, int timeout_ms)
 {
     kill(pid, sig);
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    int status;
-    while (harness_now_ms() < deadline) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        pause_ms(10);
-    }
+    int status = harness_wait_exit(pid, timeout_ms);
+    if (status != -1)
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
     return -1;
@@ -739,6 +765,12 @@ void harness_start_idemq(harness *h, const char *ready_line, int timeout_ms, pid
     *pid = harness_spawn(h);
     cr_assert(harness_wait_log(h, ready_line, before + 1, timeout_ms),
               "idemq did not start consuming");
+}
+
+void harness_start_declared(harness *h, const char *ready_line, int timeout_ms, pid_t *pid)
+{
+    harness_declare_topology(h);
+    harness_start_idemq(h, ready_line, timeout_ms, pid);
 }
 
 void harness_stop_idemq(pid_t *pid)
@@ -778,6 +810,12 @@ int harness_run_cli(harness *h, char **output, const char *const *args)
     }
     close(fd);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int harness_run_cli_command(harness *h, const char *command, char **output)
+{
+    const char *args[] = {command, "-c", h->config_path, NULL};
+    return harness_run_cli(h, output, args);
 }
 
 void harness_declare_topology(harness *h)
@@ -833,24 +871,30 @@ long harness_log_count_in(const char *log_path, const char *needle)
 }
 
 typedef struct log_wait {
-    const char *needle;
+    const char *log_path, *needle;
     long at_least;
 } log_wait;
 
 static bool log_reached(harness *h, void *arg)
 {
+    (void)h;
     log_wait *w = arg;
-    return harness_log_count(h, w->needle) >= w->at_least;
+    return harness_log_count_in(w->log_path, w->needle) >= w->at_least;
+}
+
+bool harness_wait_log_in(const char *log_path, const char *needle, long at_least, int timeout_ms)
+{
+    log_wait w = {.log_path = log_path, .needle = needle, .at_least = at_least};
+    bool ok = harness_wait_for(log_reached, NULL, &w, timeout_ms);
+    if (!ok)
+        cr_log_error("waited %d ms for %ld line(s) of %s containing %s; found %ld", timeout_ms,
+                     at_least, log_path, needle, harness_log_count_in(log_path, needle));
+    return ok;
 }
 
 bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout_ms)
 {
-    log_wait w = {.needle = needle, .at_least = at_least};
-    bool ok = harness_wait_for(log_reached, h, &w, timeout_ms);
-    if (!ok)
-        cr_log_error("waited %d ms for %ld log line(s) containing %s; found %ld", timeout_ms,
-                     at_least, needle, harness_log_count(h, needle));
-    return ok;
+    return harness_wait_log_in(h->log_path, needle, at_least, timeout_ms);
 }
 
 /* "2026-01-02T03:04:05.678Z" → ms since the Unix epoch; -1 when it does not parse. */
@@ -983,6 +1027,42 @@ int harness_http_get(int port, const char *path, char **body)
     if (body)
         *body = strdup(end ? end + 4 : "");
     free(raw);
+    return status;
+}
+
+void harness_endpoint_watch_init(harness_endpoint_watch *w, int port, int healthz_budget_ms)
+{
+    *w = (harness_endpoint_watch){
+        .port = port, .healthz_budget_ms = healthz_budget_ms, .readyz_status = -1};
+}
+
+int harness_endpoint_watch_poll(harness_endpoint_watch *w)
+{
+    int64_t t0 = harness_now_ms();
+    int status = harness_http_get(w->port, "/healthz", NULL);
+    int64_t took = harness_now_ms() - t0;
+    w->healthz_requests++;
+    if (took > w->healthz_worst_ms)
+        w->healthz_worst_ms = took;
+    if (status != 200 || took > w->healthz_budget_ms)
+        w->healthz_bad++;
+
+    char *body = NULL;
+    status = harness_http_get(w->port, "/readyz", &body);
+    w->readyz_at_ms = harness_now_ms();
+    w->readyz_requests++;
+    w->readyz_status = status;
+    snprintf(w->readyz_body, sizeof w->readyz_body, "%s", body ? body : "");
+    free(body);
+    if (status == 200) {
+        w->readyz_ready++;
+    } else if (status != 503) {
+        w->readyz_other++;
+    } else {
+        if (!w->readyz_first_unready[0])
+            memcpy(w->readyz_first_unready, w->readyz_body, sizeof w->readyz_body);
+        memcpy(w->readyz_last_unready, w->readyz_body, sizeof w->readyz_body);
+    }
     return status;
 }
 
@@ -1170,6 +1250,29 @@ int harness_amqp_local_port(pid_t pid)
     return 0;
 }
 
+long harness_tcp_unread(unsigned port, bool listening)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    cr_assert(f, "cannot read /proc/net/tcp");
+    long total = -1;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char local[64];
+        unsigned st;
+        unsigned long tx, rx;
+        /* sl local rem st tx_queue:rx_queue ... */
+        if (sscanf(line, " %*d: %63s %*s %x %lx:%lx", local, &st, &tx, &rx) != 4)
+            continue;
+        const char *lp = strrchr(local, ':');
+        if (!lp || strtoul(lp + 1, NULL, 16) != port ||
+            st != (listening ? 0x0Au /* LISTEN */ : 0x01u /* ESTABLISHED */))
+            continue;
+        total = (total < 0 ? 0 : total) + (long)rx;
+    }
+    fclose(f);
+    return total;
+}
+
 bool harness_close_amqp_connection_of(pid_t pid, const char *reason)
 {
     int port = harness_amqp_local_port(pid);
@@ -1307,6 +1410,12 @@ void harness_publish_payments(harness *h, const char *prefix, int count)
         free(bodies[i]);
     free(bodies);
     free(lens);
+}
+
+const char *harness_json_str(const json_t *obj, const char *key)
+{
+    const char *s = json_string_value(json_object_get(obj, key));
+    return s ? s : "";
 }
 
 long harness_summary_total(const char *log_path, const char *counter)

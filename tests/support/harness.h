@@ -59,6 +59,10 @@ typedef struct harness_options {
 amqp_table_entry_t harness_field_text(const char *key, const char *value);
 amqp_table_entry_t harness_field_int(const char *key, int64_t value);
 
+/* Whether a and b (borrowed) hold the same bytes; two empty ones are equal whatever their
+ * pointers. For a C string, pass amqp_cstring_bytes(text). */
+bool harness_bytes_eq(amqp_bytes_t a, amqp_bytes_t b);
+
 /* Creates database + orders/msg_dedup tables, a unique queue name, a config file, and an AMQP
  * connection. Fails the test (cr_assert) when the services are not reachable. */
 void harness_init(harness *h, const char *test_name, const harness_options *opts);
@@ -80,8 +84,8 @@ typedef struct harness_fixture {
 
 /* harness_init(&f->h, test_name, opts), then f->ready. */
 void harness_fixture_init(harness_fixture *f, const char *test_name, const harness_options *opts);
-/* Declares the topology (harness_declare_topology), then starts `idemq run` into f->daemon and
- * waits up to timeout_ms for ready_line (borrowed; harness_start_idemq). */
+/* harness_start_declared(&f->h, ready_line, timeout_ms, &f->daemon): declares the topology, then
+ * starts `idemq run` into f->daemon and waits up to timeout_ms for ready_line (borrowed). */
 void harness_fixture_start(harness_fixture *f, const char *ready_line, int timeout_ms);
 /* Kills f->daemon if it runs (harness_kill_idemq), then harness_fini when f->ready; clears both. */
 void harness_fixture_fini(harness_fixture *f);
@@ -160,6 +164,12 @@ long harness_queue_depth(harness *h, const char *queue);
  * asserts, with its own message. */
 bool harness_wait_queue_depth(harness *h, const char *queue, long expected, int timeout_ms);
 
+/* The queue named h->queue followed by suffix (borrowed: "" for the work queue, ".dlq",
+ * ".retry.1", ...): its ready messages, -1 when it does not exist (harness_queue_depth); and
+ * waiting for it to hold expected (harness_wait_queue_depth, same return). */
+long harness_queue_depth_of(harness *h, const char *suffix);
+bool harness_wait_queue_depth_of(harness *h, const char *suffix, long expected, int timeout_ms);
+
 /* Ready messages and consumers of a queue (passive declare); false when it does not exist. */
 bool harness_queue_info(harness *h, const char *queue, long *messages, long *consumers);
 
@@ -190,6 +200,10 @@ pid_t harness_spawn(harness *h);
 /* Like harness_spawn, but stdout+stderr go to log_path (appending): for a second idemq process
  * on the same test. */
 pid_t harness_spawn_logged(harness *h, const char *log_path);
+/* Waits up to timeout_ms (0: just looks) for the child pid to exit and reaps it; returns its wait
+ * status (WIFEXITED...), or -1 when it still runs (it is left running). */
+int harness_wait_exit(pid_t pid, int timeout_ms);
+
 /* Sends sig and waits up to timeout_ms for exit; returns the exit status (or -1 on timeout,
  * after which the process is killed). */
 int harness_stop(pid_t pid, int sig, int timeout_ms);
@@ -199,6 +213,11 @@ int harness_stop(pid_t pid, int sig, int timeout_ms);
  * is stored in *pid before the wait, so a fixture that kills *pid also cleans up after a failed
  * start. Fails the test ("idemq did not start consuming") when the line does not come. */
 void harness_start_idemq(harness *h, const char *ready_line, int timeout_ms, pid_t *pid);
+
+/* harness_declare_topology(h), then harness_start_idemq(h, ready_line, timeout_ms, pid): for a
+ * test that loads the work queue, or checks the DLQ, without depending on idemq's own
+ * declaration. */
+void harness_start_declared(harness *h, const char *ready_line, int timeout_ms, pid_t *pid);
 
 /* Stops the idemq at *pid with SIGTERM (harness_stop: 30 s, then SIGKILL), sets *pid to 0 and
  * expects (cr_expect: the test goes on) exit status 0. */
@@ -210,6 +229,10 @@ void harness_kill_idemq(pid_t *pid);
 /* Runs `idemq ARGS...` to completion; returns the exit code, output captured into *output
  * (malloc'd, may be NULL). */
 int harness_run_cli(harness *h, char **output, const char *const *args);
+
+/* Runs `idemq COMMAND -c h->config_path` (command borrowed, e.g. "check") with harness_run_cli;
+ * returns its exit code, *output gets the output (malloc'd). */
+int harness_run_cli_command(harness *h, const char *command, char **output);
 
 /* Runs `idemq topology -c h->config_path` (declares the work queue, retry ladder and DLQ) so a
  * test can load the work queue before starting idemq. Fails the test unless it exits 0. */
@@ -243,10 +266,19 @@ long harness_log_count_both(const char *log_path, const char *needle, const char
  * asserts, with its own message. */
 bool harness_wait_log(harness *h, const char *needle, long at_least, int timeout_ms);
 
+/* harness_wait_log for the file at log_path (borrowed; e.g. a second idemq's, from
+ * harness_spawn_logged): waits up to timeout_ms until it holds at least at_least lines containing
+ * needle; on timeout logs how many it found and returns false. */
+bool harness_wait_log_in(const char *log_path, const char *needle, long at_least, int timeout_ms);
+
 /* Reads the idemq log (one JSON object per line) into a JSON array. Lines that are not JSON are
  * skipped; two objects glued together by a crash mid-write are split. Each object gets "_line"
  * (0-based index in the array) and "_ts_ms" (its "ts" as ms since the Unix epoch). */
 struct json_t *harness_log_load(harness *h);
+
+/* obj's string member key (obj and key borrowed; obj may be NULL): borrowed from obj; "" when
+ * obj is no object, or has no string member key. */
+const char *harness_json_str(const struct json_t *obj, const char *key);
 
 /* Sum of counter (e.g. "processed") over every "summary" line of the log at log_path (one per
  * run of idemq); 0 when the file does not exist. */
@@ -262,6 +294,32 @@ int harness_http_port(harness *h, int timeout_ms);
  * HTTP status, or -1 when there was no answer; *body (unless body is NULL) gets the malloc'd
  * body, "" when none (NULL only when the connection failed). */
 int harness_http_get(int port, const char *path, char **body);
+
+/* A watch on an idemq's /healthz and /readyz while a test makes trouble: each
+ * harness_endpoint_watch_poll asks both once (harness_http_get) and adds up what they said.
+ * Caller-owned; harness_endpoint_watch_init sets it up. A test that needs more (when /readyz
+ * turned 503 after a fault, whether idemq exited) wraps the poll and reads the last answer. */
+typedef struct harness_endpoint_watch {
+    int port;              /* the idemq's ops endpoint, 127.0.0.1 */
+    int healthz_budget_ms; /* a /healthz answer slower than this counts as bad */
+    long healthz_requests;
+    long healthz_bad; /* not 200, no answer, or slower than healthz_budget_ms */
+    int64_t healthz_worst_ms;
+    long readyz_requests;
+    long readyz_ready;      /* 200 */
+    long readyz_other;      /* neither 200 nor 503, or no answer */
+    int readyz_status;      /* of the last /readyz: 200, 503, ...; -1: no answer (or none yet) */
+    char readyz_body[1024]; /* of the last /readyz; "" when none */
+    int64_t readyz_at_ms;   /* harness_now_ms when the last /readyz answer came */
+    char readyz_first_unready[1024], readyz_last_unready[1024]; /* the first and last 503 body */
+} harness_endpoint_watch;
+
+/* Clears *w and watches the endpoint on port, /healthz held to healthz_budget_ms. */
+void harness_endpoint_watch_init(harness_endpoint_watch *w, int port, int healthz_budget_ms);
+
+/* GET /healthz (timed), then GET /readyz, and counts both into *w; returns the /readyz status
+ * (-1: no answer). */
+int harness_endpoint_watch_poll(harness_endpoint_watch *w);
 
 /* Value of the sample `sample` (e.g. "idemq_paused{reason=\"schema\"}": the name and labels as
  * /metrics prints them) in a scrape (borrowed, may be NULL); -1 when absent. */
@@ -310,6 +368,13 @@ void harness_db_guard_recover(harness *h, harness_db_guard *g);
 /* Local port of pid's established TCP connection to the AMQP port of IDEMQ_TEST_AMQP_URL
  * (through /proc/<pid>/fd and /proc/net/tcp); 0 when it has none. */
 int harness_amqp_local_port(pid_t pid);
+
+/* What the kernel holds unread for the TCP sockets whose local port is port (IPv4, from
+ * /proc/net/tcp), summed over them: with listening, the LISTEN socket's accept queue (connections
+ * the owner has not accepted yet); without, the ESTABLISHED sockets' unread received bytes.
+ * Returns -1 when no such socket exists. For a test that must see a peer reach a point nothing
+ * else shows, e.g. a client's query, or its connect, waiting in a frozen freeze_proxy. */
+long harness_tcp_unread(unsigned port, bool listening);
 
 /* Closes, with `rabbitmqctl close_connection`, only pid's AMQP connection (found by its client
  * port in `rabbitmqctl list_connections pid name`); other tests' connections stay up. reason may
