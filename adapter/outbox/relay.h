@@ -111,9 +111,10 @@ typedef struct outbox_relay_stats {
 
 /*
  * Starts the relay thread; the first lease attempt and round run at once. cfg is borrowed and
- * must outlive the relay (amqp_urls, amqp_tls, amqp_password, heartbeat_ms, outbox.*; zero
- * outbox fields take the defaults: batch 2048, poll_interval 1 s, lease 10 s, stuck_after 60 s;
- * retention_ms 0 means "delete at the confirm"). dsn is copied (its TLS paths stay borrowed from
+ * must outlive the relay (amqp_urls, amqp_tls, amqp_password, heartbeat_ms, outbox.*, whose
+ * defaults and bounds are config_load's: a config made by hand sets batch, poll_interval_ms,
+ * lease_ms and stuck_after_ms or the start is refused; retention_ms 0 means "delete at the
+ * confirm"). dsn is copied (its TLS paths stay borrowed from
  * the config, as db_health's do); owner (this instance's lease id, at most
  * OUTBOX_RELAY_OWNER_MAX bytes, not empty) is copied. A server that is down is no error: the
  * thread keeps trying. Returns 0 with the owned relay in *out, or -1 with a reason in err and *out
