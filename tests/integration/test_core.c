@@ -25,7 +25,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "broker/amqp_api.h"
 #include "freeze_proxy.h"
 #include "harness.h"
 
@@ -222,33 +221,13 @@ static void amqp_config_line(char *buf, size_t len, const char *url)
     snprintf(buf, len, "amqp: {url: \"%s\", prefetch: 64, heartbeat: 10s}", url);
 }
 
-/* Starts a freeze_proxy in front of the broker of IDEMQ_TEST_AMQP_URL and writes into line the
- * config's `amqp:` line that goes through it. Returns 0 with the owned proxy in *out, or -1
- * with a reason in err. */
-static int start_broker_proxy(freeze_proxy **out, char *line, size_t line_len, char *err,
-                              size_t err_len)
+/* Starts a freeze_proxy in front of the broker and writes into line the config's `amqp:` line
+ * that goes through it; the proxy is returned owned in *out. */
+static void start_broker_proxy(freeze_proxy **out, char *line, size_t line_len)
 {
-    const char *url = getenv("IDEMQ_TEST_AMQP_URL");
-    cr_assert(url && *url, "IDEMQ_TEST_AMQP_URL is not set (source .state/env)");
-    char copy[512];
-    snprintf(copy, sizeof copy, "%s", url);
-    struct amqp_connection_info info;
-    if (amqp_parse_url(copy, &info) != AMQP_STATUS_OK) {
-        snprintf(err, err_len, "cannot parse IDEMQ_TEST_AMQP_URL %s", url);
-        return -1;
-    }
-    if (freeze_proxy_start(info.host, (unsigned)info.port, out, err, err_len) != 0)
-        return -1;
-    /* amqp://user:pass@HOST:PORT/vhost → the same through the proxy on 127.0.0.1. */
-    const char *auth = strstr(url, "://") + 3;
-    const char *at = strchr(auth, '@');
-    const char *host = at ? at + 1 : auth;
-    const char *rest = strchr(host, '/');
     char proxied[600];
-    snprintf(proxied, sizeof proxied, "%.*s127.0.0.1:%u%s", (int)(host - url), url,
-             freeze_proxy_port(*out), rest ? rest : "");
+    harness_start_broker_proxy(out, proxied, sizeof proxied);
     amqp_config_line(line, line_len, proxied);
-    return 0;
 }
 
 /* ---- message bodies and headers --------------------------------------------------------- */
@@ -377,11 +356,6 @@ static bool body_contains(amqp_bytes_t b, const char *needle)
         if (memcmp((const char *)b.bytes + i, needle, n) == 0)
             return true;
     return false;
-}
-
-static bool bytes_equal(amqp_bytes_t b, const char *s)
-{
-    return b.len == strlen(s) && memcmp(b.bytes, s, b.len) == 0;
 }
 
 /* Fixed-seed xorshift for reproducible shuffles. */
@@ -559,9 +533,8 @@ Test(core, kill_9_mid_run_then_restart_applies_each_message_once, .timeout = 300
      * passing on what idemq sends (its acks) while deliveries still arrive, so every row
      * committed from then on is unacked when the kill lands. */
     freeze_proxy *ack_holder = NULL;
-    char err[256], amqp_line[700];
-    cr_assert(start_broker_proxy(&ack_holder, amqp_line, sizeof amqp_line, err, sizeof err) == 0,
-              "%s", err);
+    char amqp_line[700];
+    start_broker_proxy(&ack_holder, amqp_line, sizeof amqp_line);
     long long committed = 0, acked = 0, committed_unacked = 0;
     long ready = MESSAGES;
     for (int kill = 1; kill <= 2; kill++) {
@@ -861,7 +834,7 @@ Test(core, bad_input_is_dead_lettered_untouched_and_never_stalls_the_queue, .tim
                       m.body.len, c->len);
         }
         cr_expect((m.properties._flags & AMQP_BASIC_CONTENT_TYPE_FLAG) &&
-                      bytes_equal(m.properties.content_type, c->content_type),
+                      harness_bytes_eq(m.properties.content_type, amqp_cstring_bytes(c->content_type)),
                   "%s: content_type not preserved", id);
         cr_expect_str_eq(header_text(&m.properties, "test-tag", text, sizeof text), "keep-me",
                          "%s: custom header not preserved", id);

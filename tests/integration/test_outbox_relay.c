@@ -113,20 +113,7 @@ static void setup(const char *name, const relay_settings *s)
     cr_assert(url && *url, "IDEMQ_TEST_AMQP_URL is not set (source .state/env)");
     snprintf(amqp_url, sizeof amqp_url, "%s", url);
     if (s->through_proxy) {
-        /* amqp://user:pass@HOST:PORT/vhost → the same through the proxy on 127.0.0.1. */
-        char copy[512];
-        struct amqp_connection_info info;
-        snprintf(copy, sizeof copy, "%s", url);
-        cr_assert(amqp_parse_url(copy, &info) == AMQP_STATUS_OK);
-        char err[256];
-        cr_assert(freeze_proxy_start(info.host, (unsigned)info.port, &proxy, err, sizeof err) == 0,
-                  "%s", err);
-        const char *auth = strstr(url, "://") + 3;
-        const char *at = strchr(auth, '@');
-        const char *host = at ? at + 1 : auth;
-        const char *rest = strchr(host, '/');
-        snprintf(amqp_url, sizeof amqp_url, "%.*s127.0.0.1:%u%s", (int)(host - url), url,
-                 freeze_proxy_port(proxy), rest ? rest : "");
+        harness_start_broker_proxy(&proxy, amqp_url, sizeof amqp_url);
     }
     db_proxied = s->db_through_proxy;
     if (db_proxied) {

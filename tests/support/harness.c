@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "broker/connection.h"
+#include "freeze_proxy.h"
 #include "db/dsn.h"
 #include "store/schema.h"
 #include "store/store.h"
@@ -1454,4 +1455,24 @@ amqp_table_entry_t harness_field_int(const char *key, int64_t value)
     e.value.kind = AMQP_FIELD_KIND_I64;
     e.value.value.i64 = value;
     return e;
+}
+
+/* ------------------------------------------------------------------ the broker behind a proxy */
+
+void harness_start_broker_proxy(struct freeze_proxy **out, char *url, size_t url_len)
+{
+    const char *direct = required_env("IDEMQ_TEST_AMQP_URL");
+    char copy[512], err[256];
+    struct amqp_connection_info info;
+    snprintf(copy, sizeof copy, "%s", direct);
+    cr_assert(amqp_parse_url(copy, &info) == AMQP_STATUS_OK, "cannot parse %s", direct);
+    cr_assert(freeze_proxy_start(info.host, (unsigned)info.port, out, err, sizeof err) == 0, "%s",
+              err);
+    /* amqp://user:pass@HOST:PORT/vhost → the same through the proxy on 127.0.0.1. */
+    const char *auth = strstr(direct, "://") + 3;
+    const char *at = strchr(auth, '@');
+    const char *host = at ? at + 1 : auth;
+    const char *rest = strchr(host, '/');
+    snprintf(url, url_len, "%.*s127.0.0.1:%u%s", (int)(host - direct), direct,
+             freeze_proxy_port(*out), rest ? rest : "");
 }

@@ -63,6 +63,13 @@ amqp_table_entry_t harness_field_int(const char *key, int64_t value);
  * pointers. For a C string, pass amqp_cstring_bytes(text). */
 bool harness_bytes_eq(amqp_bytes_t a, amqp_bytes_t b);
 
+struct freeze_proxy;
+
+/* Starts a freeze_proxy (tests/support/freeze_proxy.h) in front of the broker of
+ * IDEMQ_TEST_AMQP_URL and writes that URL, through the proxy on 127.0.0.1, into url. The proxy
+ * is returned owned in *out (freeze_proxy_free). Fails the test when either cannot be done. */
+void harness_start_broker_proxy(struct freeze_proxy **out, char *url, size_t url_len);
+
 /* Creates database + orders/msg_dedup tables, a unique queue name, a config file, and an AMQP
  * connection. Fails the test (cr_assert) when the services are not reachable. */
 void harness_init(harness *h, const char *test_name, const harness_options *opts);
