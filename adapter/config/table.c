@@ -10,6 +10,7 @@
 #include "config/document.h"
 #include "config/text.h"
 #include "config/units.h"
+#include "util/errors.h"
 
 #define SUGGEST_MAX 64 /* longest key compared for a "did you mean" (MySQL's identifier limit) */
 
@@ -45,7 +46,8 @@ static void *field_at(void *base, size_t offset)
     return (char *)base + offset;
 }
 
-/* Parses a plain integer, allowing a sign so "-1" gets a range message rather than a type one. */
+/* Parses a plain integer, allowing a sign so "-1" gets a range message rather than a type one.
+ * Returns 0, CONFIG_E_NOT_INTEGER, or CONFIG_E_OUT_OF_RANGE (digits, but too many). */
 static int parse_int(const char *text, bool *negative, uint64_t *out)
 {
     const char *p = text;
@@ -53,8 +55,8 @@ static int parse_int(const char *text, bool *negative, uint64_t *out)
     if (*p == '-' || *p == '+')
         p++;
     if (config_parse_count(&p, out) < 0)
-        return config_is_digit(*p) ? -2 : -1; /* -2: digits, but too many */
-    return *p ? -1 : 0;
+        return config_is_digit(*p) ? CONFIG_E_OUT_OF_RANGE : CONFIG_E_NOT_INTEGER;
+    return *p ? CONFIG_E_NOT_INTEGER : 0;
 }
 
 /* "a, b, c" for an enum's allowed words. */
@@ -106,12 +108,12 @@ static int opt_set(const opt *o, const char *text, void *base, char *why, size_t
     switch (o->type) {
     case OPT_UINT:
         rc = parse_int(text, &negative, &v);
-        if (rc == -1) {
+        if (rc == CONFIG_E_NOT_INTEGER) {
             snprintf(why, why_len, "expected an integer, got '%s'",
                      config_show(shown, sizeof shown, text));
             return -1;
         }
-        if (rc == -2 || negative || v < o->min || v > o->max) {
+        if (rc == CONFIG_E_OUT_OF_RANGE || negative || v < o->min || v > o->max) {
             snprintf(why, why_len, "must be between %llu and %llu, got %s (%s)",
                      (unsigned long long)o->min, (unsigned long long)o->max,
                      config_show(shown, sizeof shown, text), o->help);
