@@ -92,7 +92,7 @@ static apply_status prepare(handler_call *call, const char *sql, MYSQL_STMT **ou
         snprintf(call->error, call->error_len, "out of memory preparing a statement");
         return APPLY_RETRYABLE;
     }
-    return rc == 0 ? APPLY_CONTINUE : handler_fail(call, "prepare", &error);
+    return rc == 0 ? APPLY_OK : handler_fail(call, "prepare", &error);
 }
 
 static char *build_update_sql(const config_state_machine *sm, const config_transition *tr)
@@ -192,7 +192,7 @@ static apply_status classify_unmatched(handler_call *call, state_machine_stateme
 {
     const config_state_machine *sm = &call->consumer->handler.state_machine;
     apply_status status;
-    if (!stmts->select_state && (status = prepare_select_state(call, stmts)) != APPLY_CONTINUE)
+    if (!stmts->select_state && (status = prepare_select_state(call, stmts)) != APPLY_OK)
         return status;
     MYSQL_STMT *stmt = stmts->select_state;
     MYSQL_BIND param;
@@ -278,7 +278,7 @@ static apply_status resolve(const config_state_machine *sm, const envelope *env,
             }
         }
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 /* Adds the rows of tr's emits for env, tagged item: before the UPDATE, so that a row that cannot
@@ -297,7 +297,7 @@ static apply_status add_emits(handler_call *call, const config_transition *tr, c
         if (rc != 0)
             return APPLY_NON_RETRYABLE;
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 static apply_status out_of_memory(handler_call *call)
@@ -314,7 +314,7 @@ apply_status state_machine_apply(handler_call *call)
     const char *event_name;
     apply_status status =
         resolve(sm, call->env, &index, &key, &event_name, call->error, call->error_len);
-    if (status != APPLY_CONTINUE)
+    if (status != APPLY_OK)
         return status;
     const config_transition *tr = &sm->transitions[index];
     state_machine_statements *stmts = statements_for(call);
@@ -326,13 +326,13 @@ apply_status state_machine_apply(handler_call *call)
             return out_of_memory(call);
         status = prepare(call, sql, &stmts->updates[index]);
         free(sql);
-        if (status != APPLY_CONTINUE)
+        if (status != APPLY_OK)
             return status;
     }
 
     if (tr->emit_count &&
         (status = add_emits(call, tr, call->env, call->outbox_item, call->error,
-                            call->error_len)) != APPLY_CONTINUE) {
+                            call->error_len)) != APPLY_OK) {
         outbox_writer_drop_item(call->outbox, call->outbox_item);
         return status;
     }
@@ -366,7 +366,7 @@ apply_status state_machine_apply(handler_call *call)
 out:
     for (size_t i = 0; i < p; i++)
         db_bind_slot_release(&slots[i]);
-    if (status != APPLY_CONTINUE && tr->emit_count)
+    if (status != APPLY_OK && tr->emit_count)
         outbox_writer_drop_item(call->outbox, call->outbox_item); /* the row did not move */
     return status;
 }
@@ -506,7 +506,7 @@ static apply_status read_rows(handler_call *call, batch_scratch *b, size_t key_c
     size_t size, c = handler_batch_size_class(key_count, &size);
     apply_status status;
     if (!b->select_locked[c] &&
-        (status = prepare_select_locked(call, size, &b->select_locked[c])) != APPLY_CONTINUE)
+        (status = prepare_select_locked(call, size, &b->select_locked[c])) != APPLY_OK)
         return status;
     MYSQL_STMT *stmt = b->select_locked[c];
     for (size_t i = 0; i < 2 * size; i++) {
@@ -563,14 +563,14 @@ static apply_status read_rows(handler_call *call, batch_scratch *b, size_t key_c
     if (fetched == 1)
         why = NULL, status = handler_fail_statement(call, "read the batch's rows", stmt);
     else
-        status = APPLY_CONTINUE;
+        status = APPLY_OK;
     mysql_stmt_free_result(stmt);
-    if (status != APPLY_CONTINUE)
+    if (status != APPLY_OK)
         return status;
     if (why)
         return batch_fails(call, why);
     *row_count = rows;
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 /* Whether C can tell, for any collation, that a row in state s does not take this transition
@@ -621,7 +621,7 @@ static size_t decide(const config_state_machine *sm, batch_scratch *b, handler_b
             b->row_setter[r * sm->set_count + j] = -1;
     }
     for (size_t i = 0; i < n; i++) {
-        if (items[i].status != APPLY_CONTINUE || b->deferred[i])
+        if (items[i].status != APPLY_OK || b->deferred[i])
             continue;
         long r = b->row_of_key[b->key_of[i]];
         if (r < 0 || b->row_deferred[r]) {
@@ -684,11 +684,11 @@ static apply_status update_rows(handler_call *call, batch_scratch *b, handler_ba
     if (!set_values_uniform(sm, b, items, moved))
         return batch_fails(call, "values of different types for one column");
     if (!b->update_rows[c] &&
-        (status = prepare_update_rows(call, size, &b->update_rows[c])) != APPLY_CONTINUE)
+        (status = prepare_update_rows(call, size, &b->update_rows[c])) != APPLY_OK)
         return status;
     MYSQL_STMT *stmt = b->update_rows[c];
     size_t p = 0;
-    status = APPLY_CONTINUE;
+    status = APPLY_OK;
     for (size_t i = 0; i < size; i++, p += 2) {
         size_t r = b->changed[i < moved ? i : moved - 1];
         db_bind_string(&b->binds[p], &b->slots[p], b->row_key[r], b->row_key_len[r]);
@@ -751,7 +751,7 @@ static apply_status run_deferred(handler_call *call, batch_scratch *b, handler_b
             return items[i].status == APPLY_UNAVAILABLE ? APPLY_UNAVAILABLE : APPLY_RETRYABLE;
         }
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 apply_status state_machine_apply_batch(handler_call *call, handler_batch_item *items, size_t n)
@@ -772,7 +772,7 @@ apply_status state_machine_apply_batch(handler_call *call, handler_batch_item *i
         items[i].mysql_errno = 0;
         items[i].status = resolve(sm, items[i].env, &b->transition[i], &key, &event_name,
                                   items[i].error, items[i].error_len);
-        if (items[i].status != APPLY_CONTINUE)
+        if (items[i].status != APPLY_OK)
             continue;
         if (key_type >= 0 && key_type != (int)json_typeof(key))
             return batch_fails(call, "keys of different types");
@@ -785,22 +785,22 @@ apply_status state_machine_apply_batch(handler_call *call, handler_batch_item *i
         b->key_of[i] = k;
     }
     if (key_count == 0)
-        return APPLY_CONTINUE;
+        return APPLY_OK;
     size_t rows = 0;
     apply_status status = read_rows(call, b, key_count, &rows);
-    if (status != APPLY_CONTINUE)
+    if (status != APPLY_OK)
         return status;
     size_t moved = decide(sm, b, items, n, rows);
     /* The messages the multi-row UPDATE moves are decided: their emits now, before it runs. */
     for (size_t i = 0; i < n; i++) {
         const config_transition *tr = &sm->transitions[b->transition[i]];
-        if (items[i].status != APPLY_CONTINUE || b->deferred[i] || !tr->emit_count)
+        if (items[i].status != APPLY_OK || b->deferred[i] || !tr->emit_count)
             continue;
         if (add_emits(call, tr, items[i].env, i, items[i].error, items[i].error_len) !=
-            APPLY_CONTINUE)
+            APPLY_OK)
             return batch_fails(call, "an emit could not be built");
     }
-    if (moved > 0 && (status = update_rows(call, b, items, moved)) != APPLY_CONTINUE)
+    if (moved > 0 && (status = update_rows(call, b, items, moved)) != APPLY_OK)
         return status;
     return run_deferred(call, b, items, n);
 }
@@ -819,10 +819,10 @@ apply_status state_machine_prepare_all(handler_call *call)
             return out_of_memory(call);
         apply_status status = prepare(call, sql, &stmts->updates[i]);
         free(sql);
-        if (status != APPLY_CONTINUE)
+        if (status != APPLY_OK)
             return status;
     }
-    return stmts->select_state ? APPLY_CONTINUE : prepare_select_state(call, stmts);
+    return stmts->select_state ? APPLY_OK : prepare_select_state(call, stmts);
 }
 
 void state_machine_release(const config_consumer *consumer, void *state)
