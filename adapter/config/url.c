@@ -127,7 +127,7 @@ static int hex_value(char c)
  * %80..%FF (it decodes into a signed char). Returns 0, or -1 with a reason that names no
  * character of the password.
  */
-static int check_userinfo(const char *info, size_t len, bool amqp, char *why, size_t why_len)
+static int check_userinfo(const char *info, size_t len, bool amqp, char *err, size_t err_len)
 {
     const char *colon = memchr(info, ':', len);
     bool encoded_ok = true, high_byte = false;
@@ -150,13 +150,13 @@ static int check_userinfo(const char *info, size_t len, bool amqp, char *why, si
         i += 2;
     }
     if (!encoded_ok) {
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "has a user or password that is not percent-encoded (write : @ / ? # [ ] %% "
                  "in them as %%3A %%40 %%2F %%3F %%23 %%5B %%5D %%25)");
         return -1;
     }
     if (amqp && high_byte) {
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "has a user or password with a percent-encoded byte above %%7F, which "
                  "rabbitmq-c cannot decode: write such bytes unencoded, or use "
                  "amqp.password_file");
@@ -167,7 +167,7 @@ static int check_userinfo(const char *info, size_t len, bool amqp, char *why, si
 
 /* Checks "host:port" (host may be "[v6]"); host_required says whether an empty host is wrong. */
 static int check_host_port(const char *s, size_t n, bool host_required, bool port_required,
-                           bool port_zero_ok, char *why, size_t why_len)
+                           bool port_zero_ok, char *err, size_t err_len)
 {
     const char *end = s + n, *port = NULL;
     size_t host_len;
@@ -175,13 +175,13 @@ static int check_host_port(const char *s, size_t n, bool host_required, bool por
     if (n > 0 && s[0] == '[') {
         const char *close = memchr(s, ']', n);
         if (!close) {
-            snprintf(why, why_len, "has an unterminated IPv6 address");
+            snprintf(err, err_len, "has an unterminated IPv6 address");
             return -1;
         }
         host_len = (size_t)(close + 1 - s);
         if (close + 1 < end) {
             if (close[1] != ':') {
-                snprintf(why, why_len, "has text after the IPv6 address");
+                snprintf(err, err_len, "has text after the IPv6 address");
                 return -1;
             }
             port = close + 2;
@@ -192,11 +192,11 @@ static int check_host_port(const char *s, size_t n, bool host_required, bool por
         port = colon ? colon + 1 : NULL;
     }
     if (host_required && host_len == 0) {
-        snprintf(why, why_len, "has no host");
+        snprintf(err, err_len, "has no host");
         return -1;
     }
     if (!port && port_required) {
-        snprintf(why, why_len, "has no port (expected HOST:PORT)");
+        snprintf(err, err_len, "has no port (expected HOST:PORT)");
         return -1;
     }
     if (port) {
@@ -205,7 +205,7 @@ static int check_host_port(const char *s, size_t n, bool host_required, bool por
         for (; p < end && config_is_digit(*p) && v <= 65535; p++)
             v = v * 10 + (unsigned long)(*p - '0');
         if (p == port || p != end || (v == 0 && !port_zero_ok) || v > 65535) {
-            snprintf(why, why_len, "has an invalid port (expected %s..65535)",
+            snprintf(err, err_len, "has an invalid port (expected %s..65535)",
                      port_zero_ok ? "0" : "1");
             return -1;
         }
@@ -214,7 +214,7 @@ static int check_host_port(const char *s, size_t n, bool host_required, bool por
 }
 
 int config_check_url(const char *text, const char *const *schemes, const char *expect,
-                     bool socket_ok, char *why, size_t why_len)
+                     bool socket_ok, char *err, size_t err_len)
 {
     char redacted[256], shown[128];
     const char *auth = NULL, *at, *host;
@@ -226,7 +226,7 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
     config_show(shown, sizeof shown, redacted);
     for (const char *p = text; *p; p++) {
         if ((unsigned char)*p <= 0x20 || *p == 0x7f) {
-            snprintf(why, why_len, "'%s' contains spaces or control characters", shown);
+            snprintf(err, err_len, "'%s' contains spaces or control characters", shown);
             return -1;
         }
     }
@@ -238,21 +238,21 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
         }
     }
     if (!auth) {
-        snprintf(why, why_len, "'%s' must start with %s", shown, expect);
+        snprintf(err, err_len, "'%s' must start with %s", shown, expect);
         return -1;
     }
     /* One raw '@' at most, ending the user-info: that is where redaction and both parsers split
      * (an '@' anywhere else is written %40). */
     at = strchr(auth, '@');
     if (at && strchr(at + 1, '@')) {
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "'%s' has more than one '@' (write an '@' in the user, password, path or query "
                  "as %%40)",
                  shown);
         return -1;
     }
     if (at && check_userinfo(auth, (size_t)(at - auth), amqp, sub, sizeof sub) < 0) {
-        snprintf(why, why_len, "'%s' %s", shown, sub);
+        snprintf(err, err_len, "'%s' %s", shown, sub);
         return -1;
     }
     host = at ? at + 1 : auth;
@@ -261,7 +261,7 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
         (host[host_len] != '/' ||
          strcspn(host + host_len + 1, ":/?#[]") != strlen(host + host_len + 1))) {
         /* amqp_parse_url takes no query and ends the vhost at any of these. */
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "'%s' has a vhost that is not percent-encoded, or a query (write : / ? # [ ] "
                  "in the vhost as %%3A %%2F %%3F %%23 %%5B %%5D; the vhost / is %%2f)",
                  shown);
@@ -270,19 +270,19 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
     if (host_len == 0 && socket_ok && (strstr(text, "?socket=") || strstr(text, "&socket=")))
         return 0;
     if (check_host_port(host, host_len, true, false, false, sub, sizeof sub) < 0) {
-        snprintf(why, why_len, "'%s' %s", shown, sub);
+        snprintf(err, err_len, "'%s' %s", shown, sub);
         return -1;
     }
     return 0;
 }
 
-int config_check_listen(const char *text, char *why, size_t why_len)
+int config_check_listen(const char *text, char *err, size_t err_len)
 {
     char sub[128], shown[128];
     /* Port 0 asks the kernel for a free port (logged at start): tests run several daemons. */
     if (check_host_port(text, strlen(text), true, true, true, sub, sizeof sub) < 0 ||
         config_has_control(text)) {
-        snprintf(why, why_len, "'%s' is not a listen address: %s",
+        snprintf(err, err_len, "'%s' is not a listen address: %s",
                  config_show(shown, sizeof shown, text),
                  config_has_control(text) ? "contains control characters" : sub);
         return -1;

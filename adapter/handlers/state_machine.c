@@ -237,14 +237,13 @@ static apply_status classify_unmatched(handler_call *call, state_machine_stateme
     return sm->on_illegal == CONFIG_ON_ILLEGAL_RETRY ? APPLY_RETRYABLE : APPLY_NON_RETRYABLE;
 }
 
-/* The message's transition and row key, or its non-retryable failure in error. */
+/* The message's transition and row key, or its non-retryable failure in err. */
 static apply_status resolve(const config_state_machine *sm, const envelope *env, size_t *index,
-                            const json_t **key, const char **event_name, char *error,
-                            size_t error_len)
+                            const json_t **key, const char **event_name, char *err, size_t err_len)
 {
     const json_t *event = envelope_field(env, sm->event_field);
     if (!json_is_string(event)) {
-        snprintf(error, error_len, "field %s is %s; it must be a string naming the event",
+        snprintf(err, err_len, "field %s is %s; it must be a string naming the event",
                  sm->event_field, event ? "not a string" : "missing");
         return APPLY_NON_RETRYABLE;
     }
@@ -253,15 +252,14 @@ static apply_status resolve(const config_state_machine *sm, const envelope *env,
     while (i < sm->transition_count && strcmp(sm->transitions[i].event, *event_name) != 0)
         i++;
     if (i == sm->transition_count) {
-        snprintf(error, error_len, "event %.64s has no transition in the state machine",
-                 *event_name);
+        snprintf(err, err_len, "event %.64s has no transition in the state machine", *event_name);
         return APPLY_NON_RETRYABLE;
     }
     *index = i;
     *key = envelope_field(env, sm->key_field);
     if (!value_is_key(*key)) {
-        snprintf(error, error_len, "field %s is %s; it must be a string or an integer",
-                 sm->key_field, *key ? "of the wrong type" : "missing");
+        snprintf(err, err_len, "field %s is %s; it must be a string or an integer", sm->key_field,
+                 *key ? "of the wrong type" : "missing");
         return APPLY_NON_RETRYABLE;
     }
     /* A message whose transition emits must carry the emit's fields whether or not the row
@@ -271,7 +269,7 @@ static apply_status resolve(const config_state_machine *sm, const envelope *env,
         for (size_t f = 0; f < tr->emits[e].field_count; f++) {
             const config_emit_field *field = &tr->emits[e].fields[f];
             if (field->from && !envelope_field(env, field->from)) {
-                snprintf(error, error_len,
+                snprintf(err, err_len,
                          "emit %s: the message has no field '%s' (for the outgoing field '%s')",
                          tr->emits[e].name, field->from, field->name);
                 return APPLY_NON_RETRYABLE;
@@ -285,13 +283,13 @@ static apply_status resolve(const config_state_machine *sm, const envelope *env,
  * be built fails the message while nothing of it has run. The caller drops them again when the
  * row does not move. */
 static apply_status add_emits(handler_call *call, const config_transition *tr, const envelope *env,
-                              size_t item, char *error, size_t error_len)
+                              size_t item, char *err, size_t err_len)
 {
     for (size_t e = 0; e < tr->emit_count; e++) {
-        int rc = outbox_writer_add(call->outbox, item, call->consumer, &tr->emits[e], env, error,
-                                   error_len);
+        int rc =
+            outbox_writer_add(call->outbox, item, call->consumer, &tr->emits[e], env, err, err_len);
         if (rc == -ENOMEM) {
-            snprintf(error, error_len, "out of memory");
+            snprintf(err, err_len, "out of memory");
             return APPLY_RETRYABLE;
         }
         if (rc != 0)

@@ -4,8 +4,9 @@
  *
  * The convention, for every function in adapter/ that can fail:
  *   - It returns int: 0 on success, or a negative code. (A few return a positive value on a
- *     success they need to tell apart, e.g. HTTP_REQUEST_COMPLETE; a function that answers a
- *     question returns bool, a constructor NULL.)
+ *     success they need to tell apart, e.g. HTTP_REQUEST_COMPLETE; config_load returns minus the
+ *     number of problems, a count and not a code; a function that answers a question returns
+ *     bool, a constructor NULL.)
  *   - -1 is the plain failure in every module: it failed and the buffer says why, with nothing
  *     more for the caller to tell apart. broker/ names it BROKER_E_FAILED because its callers do
  *     tell it apart from the other BROKER_E_* codes.
@@ -16,7 +17,10 @@
  *   - The text for the operator goes into an optional caller-supplied buffer, named
  *     `char *err, size_t err_len` in prototypes and definitions (written NUL-terminated when
  *     err_len > 0). The code says what the caller does next; the buffer says what happened, and
- *     it is what logs and replies show.
+ *     it is what logs and replies show. Two other buffers are not failure text and keep their
+ *     names: `reason` of a yes/no question (db_health_ok, outbox_relay_stuck, broker_is_blocked,
+ *     the /readyz callback: why not; and plugin_handle, after the plugin ABI's handle()), and
+ *     `report` of store/schema.h (what it did, or why it could not).
  *   - apply_status (policy/outcome.h) is not an error code: it is what applying a message found,
  *     and a step that succeeded returns APPLY_OK.
  *
