@@ -54,19 +54,19 @@ enum {
 
     /* envelope/: -1101 .. -1199. Every decode failure is deterministic (see envelope.h);
      * envelope_error_name gives the stable name of each. */
-    ENVELOPE_E_TOO_LARGE = -1101,      /* body larger than limits.max_body */
-    ENVELOPE_E_EMPTY = -1102,          /* zero-length body */
-    ENVELOPE_E_SYNTAX = -1103,         /* not valid JSON / MessagePack, or trailing bytes */
-    ENVELOPE_E_NOT_MAP = -1104,        /* top level is not an object/map */
-    ENVELOPE_E_TOO_DEEP = -1105,       /* nesting deeper than limits.max_depth */
-    ENVELOPE_E_UNSUPPORTED = -1106,    /* msgpack bin/ext, non-string map key, int out of range,
-                                          unknown content type */
+    ENVELOPE_E_TOO_LARGE = -1101,   /* body larger than limits.max_body */
+    ENVELOPE_E_EMPTY = -1102,       /* zero-length body */
+    ENVELOPE_E_SYNTAX = -1103,      /* not valid JSON / MessagePack, or trailing bytes */
+    ENVELOPE_E_NOT_MAP = -1104,     /* top level is not an object/map */
+    ENVELOPE_E_TOO_DEEP = -1105,    /* nesting deeper than limits.max_depth */
+    ENVELOPE_E_UNSUPPORTED = -1106, /* msgpack bin/ext, non-string map key, int out of range,
+                                       unknown content type */
     ENVELOPE_E_BIZ_KEY_MISSING = -1107,
-    ENVELOPE_E_BIZ_KEY_TYPE = -1108,   /* biz_key present but not a string */
+    ENVELOPE_E_BIZ_KEY_TYPE = -1108, /* biz_key present but not a string */
     ENVELOPE_E_BIZ_KEY_EMPTY = -1109,
     ENVELOPE_E_BIZ_KEY_TOO_LONG = -1110, /* more than ENVELOPE_BIZ_KEY_MAX bytes */
-    ENVELOPE_E_BIZ_KEY_UTF8 = -1111,   /* not valid UTF-8, or contains NUL */
-    ENVELOPE_E_DUPLICATE_KEY = -1112,  /* the same map key twice: ambiguous, reject */
+    ENVELOPE_E_BIZ_KEY_UTF8 = -1111,     /* not valid UTF-8, or contains NUL */
+    ENVELOPE_E_DUPLICATE_KEY = -1112,    /* the same map key twice: ambiguous, reject */
 
     /* outbox/: -1201 .. -1299. */
 
