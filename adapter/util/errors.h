@@ -11,9 +11,9 @@
  *     more for the caller to tell apart. broker/ names it BROKER_E_FAILED because its callers do
  *     tell it apart from the other BROKER_E_* codes.
  *   - -ENOMEM (errno's number) is out of memory, in every module that reports it on its own.
- *   - Every other code is named below, in its module's range, far from errno's numbers: a module
- *     that needs one adds it to its range here and nowhere else. Callers compare codes by name,
- *     never by number.
+ *   - Every other code is named below, in its module's range, far from errno's numbers and from
+ *     rabbitmq-c's AMQP_STATUS_* (down to -0x0205): a module that needs one adds it to its range
+ *     here and nowhere else. Callers compare codes by name, never by number.
  *   - The text for the operator goes into an optional caller-supplied buffer, named
  *     `char *err, size_t err_len` in prototypes and definitions (written NUL-terminated when
  *     err_len > 0). The code says what the caller does next; the buffer says what happened, and
