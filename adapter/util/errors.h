@@ -15,12 +15,13 @@
  *     rabbitmq-c's AMQP_STATUS_* (down to -0x0205): a module that needs one adds it to its range
  *     here and nowhere else. Callers compare codes by name, never by number.
  *   - The text for the operator goes into an optional caller-supplied buffer, named
- *     `char *err, size_t err_len` in prototypes and definitions (written NUL-terminated when
- *     err_len > 0). The code says what the caller does next; the buffer says what happened, and
- *     it is what logs and replies show. Two other buffers are not failure text and keep their
- *     names: `reason` of a yes/no question (db_health_ok, outbox_relay_stuck, broker_is_blocked,
- *     the /readyz callback: why not; and plugin_handle, after the plugin ABI's handle()), and
- *     `report` of store/schema.h (what it did, or why it could not).
+ *     `char *err, size_t err_len` in prototypes and definitions (struct fields that carry it,
+ *     such as handler_call's error, keep their names). The code says what the caller does next;
+ *     the buffer says what happened, and it is what logs and replies show. Two other buffers
+ *     are not failure text and keep their names: `reason` of a yes/no question (db_health_ok,
+ *     outbox_relay_stuck, broker_is_blocked, the /readyz callback: why not; and plugin_handle,
+ *     after the plugin ABI's handle()), and `report` of store/schema.h (what it did, or why it
+ *     could not).
  *   - apply_status (policy/outcome.h) is not an error code: it is what applying a message found,
  *     and a step that succeeded returns APPLY_OK.
  *
