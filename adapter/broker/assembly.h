@@ -6,7 +6,7 @@
  * whatever its header claims, a returned copy none (only its headers are read). A frame that does
  * not fit what came before is a protocol error: the caller drops the connection.
  *
- * Errors: 0 or BROKER_E_FAILED (connection.h), with the reason in the caller's err buffer.
+ * Errors: 0 or BROKER_E_FAILED (util/errors.h), with the reason in the caller's err buffer.
  * Thread affinity: the thread that owns the connection (the loop thread).
  */
 #ifndef IDEMQ_BROKER_ASSEMBLY_H

@@ -5,7 +5,7 @@
  * an ack of a publish that was not returned as unroutable (mandatory), with false for a nack, a
  * return, or a channel that went away first.
  *
- * Errors: 0 or BROKER_E_FAILED (connection.h). Thread affinity: the thread that owns the
+ * Errors: 0 or BROKER_E_FAILED (util/errors.h). Thread affinity: the thread that owns the
  * connection (the loop thread); callbacks run on it, from inside these calls.
  */
 #ifndef IDEMQ_BROKER_CONFIRMS_H

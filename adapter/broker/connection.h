@@ -6,9 +6,9 @@
  * every error message that quotes one. Thread affinity: the thread that owns the connection
  * (the loop thread in `idemq run`).
  *
- * Errors, for every broker/ header but topology.h: a function returns 0 or one of the negative
- * BROKER_E_* codes below, with the detail (never a password) in the caller's err buffer when it
- * takes one.
+ * Errors, for every broker/ header: a function returns 0 or one of the negative BROKER_E_*,
+ * MESSAGE_E_* or TOPOLOGY_E_* codes (util/errors.h), with the detail (never a password) in the
+ * caller's err buffer when it takes one.
  */
 #ifndef IDEMQ_BROKER_CONNECTION_H
 #define IDEMQ_BROKER_CONNECTION_H
@@ -17,15 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BROKER_CHANNEL 1
+#include "util/errors.h"
 
-/* A network, protocol or resource failure: trying again may help. */
-#define BROKER_E_FAILED (-1)
-/* The broker refused what the configuration asks (credentials, vhost, topology): a person has to
- * act. */
-#define BROKER_E_REFUSED (-2)
-/* The delivery came on a connection that is gone. */
-#define BROKER_E_STALE (-3)
+#define BROKER_CHANNEL 1
 
 struct config_amqp_tls;
 

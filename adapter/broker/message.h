@@ -13,7 +13,7 @@
  * producer headers, largest first, until they fit; what was left out is recorded in
  * idemq-dropped-headers.
  *
- * Errors: int functions return 0, BROKER_E_FAILED (connection.h: out of memory) or
+ * Errors: int functions return 0, BROKER_E_FAILED (util/errors.h; here out of memory) or
  * MESSAGE_E_TOO_LARGE (the copy does not fit even without any producer header); a constructor
  * returns NULL when out of memory; header lookups return false when the header is absent.
  *
@@ -26,6 +26,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "util/errors.h"
 
 #define HEADER_RETRIES "idemq-retries"
 #define HEADER_ERROR_CLASS "idemq-error-class"
@@ -53,10 +55,6 @@
  * " and K more"). Carried on to later copies and replays, and extended when they drop more. */
 #define HEADER_DROPPED_HEADERS "idemq-dropped-headers"
 #define MESSAGE_DROPPED_HEADERS_MAX 512
-
-/* The copy does not fit a content-header frame even without any producer header (a tiny
- * frame_max, or huge other properties). Distinct from every BROKER_E_* code (connection.h). */
-#define MESSAGE_E_TOO_LARGE (-16)
 
 /*
  * Bytes of a frame that a copy leaves free for what brokers add to its header on the way, so that

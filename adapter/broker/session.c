@@ -931,7 +931,7 @@ static int connect_and_setup(broker_session *s, const char *url, char *err, size
             set_setup_fd(s, -1);
             broker_close(s->conn);
             s->conn = NULL;
-            return rc == TOPOLOGY_E_BROKER ? BROKER_E_FAILED : BROKER_E_REFUSED;
+            return rc == BROKER_E_FAILED ? BROKER_E_FAILED : BROKER_E_REFUSED;
         }
         if (err[0])
             log_warn(&ctx, "%s", err);

@@ -31,7 +31,7 @@
  * the same way: a broker that is down at start-up is waited for. Only a refusal before the first
  * connection worked (credentials, vhost, a topology conflict) ends the run, through on_fatal.
  *
- * Errors: 0 or a negative BROKER_E_* code (connection.h).
+ * Errors: 0 or a negative BROKER_E_* code (util/errors.h).
  * Thread affinity: every function below on the loop thread; callbacks run there too.
  */
 #ifndef IDEMQ_BROKER_SESSION_H
@@ -44,10 +44,6 @@
 #include "broker/connection.h"
 #include "broker/message.h"
 #include "config/config.h"
-
-/* The copy cannot be encoded within the connection's frame_max, even without the producer's
- * headers (message_copy_properties): a per-message failure, the connection is fine. */
-#define BROKER_E_TOO_LARGE (-4)
 
 typedef struct broker_session broker_session;
 

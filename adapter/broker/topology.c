@@ -119,12 +119,12 @@ static int explain_failure(amqp_connection_state_t conn, const char *kind, const
                  "declarations (RabbitMQ 4.x keeps them in its Khepri metadata store, which needs "
                  "a majority), nor can an overloaded broker",
                  kind, name, reason);
-        return TOPOLOGY_E_BROKER;
+        return BROKER_E_FAILED;
     }
     if (reply.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION ||
         reply.reply.id != AMQP_CHANNEL_CLOSE_METHOD) {
         snprintf(err, err_len, "declaring %s '%s' failed: %s", kind, name, reason);
-        return TOPOLOGY_E_BROKER;
+        return BROKER_E_FAILED;
     }
     const amqp_channel_close_t *close = reply.reply.decoded;
     uint16_t code = close->reply_code;
@@ -140,7 +140,7 @@ static int explain_failure(amqp_connection_state_t conn, const char *kind, const
                  "A quorum queue survives the loss of a node: declare it with x-queue-type "
                  "quorum (and declare: passive). Broker said: %s",
                  kind, name, text);
-        return TOPOLOGY_E_BROKER;
+        return BROKER_E_FAILED;
     }
     if (code == AMQP_NOT_FOUND) {
         snprintf(err, err_len,
@@ -165,7 +165,7 @@ static int explain_failure(amqp_connection_state_t conn, const char *kind, const
         return TOPOLOGY_E_MISMATCH;
     }
     snprintf(err, err_len, "declaring %s '%s' failed: %s", kind, name, reason);
-    return TOPOLOGY_E_BROKER;
+    return BROKER_E_FAILED;
 }
 
 static int declare_exchange(amqp_connection_state_t conn, const char *name, char *err,
@@ -636,7 +636,7 @@ static int declare_unlimited_dead_letter_queue(amqp_connection_state_t conn,
         return 0;
     if (r.status == PROBE_FAILED) {
         snprintf(err, err_len, "declaring queue '%s' failed: %s", queue, r.text);
-        return TOPOLOGY_E_BROKER;
+        return BROKER_E_FAILED;
     }
     char arg[128], value[64], type[32];
     refused_argument(r.text, arg, sizeof arg);
@@ -700,7 +700,7 @@ int topology_declare(amqp_connection_state_t conn, const config_consumer *c, cha
 
 /* Probes queue's delivery limit on RabbitMQ 4.x and, when a message returned often enough would
  * be dropped, writes the advice for it (the work queue's or the DLQ's). Returns 1 with a
- * warning, 0 without, TOPOLOGY_E_BROKER with the reason in warning. */
+ * warning, 0 without, BROKER_E_FAILED with the reason in warning. */
 static int check_delivery_limit(amqp_connection_state_t conn, const config_consumer *c,
                                 const char *queue, bool is_dead_letter_queue, char *warning,
                                 size_t len)
@@ -714,7 +714,7 @@ static int check_delivery_limit(amqp_connection_state_t conn, const config_consu
     case LIMIT_FAILED:
         snprintf(warning, len, "checking %s '%s': %s",
                  is_dead_letter_queue ? "dead-letter queue" : "work queue", queue, p.detail);
-        return TOPOLOGY_E_BROKER;
+        return BROKER_E_FAILED;
     case LIMIT_MISSING:
     case LIMIT_NOT_QUORUM:
         return 0;

@@ -26,6 +26,7 @@
 #include <stdio.h>
 
 #include "config/config.h"
+#include "util/errors.h"
 
 #define TOPOLOGY_NAME_MAX 256
 /* Opened and closed by topology_declare, topology_check_work_queue and
@@ -34,18 +35,13 @@
 /* Enough for every warning text below. */
 #define TOPOLOGY_WARNING_MAX 4096
 
-enum {
-    TOPOLOGY_E_BROKER = -1,    /* connection or other broker failure */
-    TOPOLOGY_E_MISMATCH = -2,  /* 406: an object exists with different arguments */
-    TOPOLOGY_E_MISSING = -3,   /* 404: passive work queue does not exist */
-};
-
 /*
  * Declares everything for consumer c on BROKER_CHANNEL (and the probe channel, see above).
- * Returns 0 or a TOPOLOGY_E_* code with the explanation in err (borrowed, err_len bytes). After an
- * error BROKER_CHANNEL has been reopened when possible (it is then no longer in confirm mode).
+ * Returns 0, BROKER_E_FAILED or a TOPOLOGY_E_* code (util/errors.h) with the explanation in err
+ * (borrowed, err_len bytes). After an error BROKER_CHANNEL has been reopened when possible (it is
+ * then no longer in confirm mode).
  * A declaration that runs out of time (rabbitmq-c's RPC timeout, or RabbitMQ's 541 "... due to
- * timeout") is TOPOLOGY_E_BROKER, and err adds that a cluster without a majority of its nodes
+ * timeout") is BROKER_E_FAILED, and err adds that a cluster without a majority of its nodes
  * cannot take declarations (RabbitMQ 4.x's Khepri metadata store needs one).
  *
  * On success err holds a warning for the operator, or "" when there is none. Today the one
@@ -70,7 +66,7 @@ int topology_declare(amqp_connection_state_t conn, const config_consumer *c, cha
  *
  * warning (borrowed, len bytes) is always set: the advice (names the `rabbitmqctl set_policy`
  * command, with the vhost the broker reports) or "". Returns 1 when a warning was written, 0 when
- * none, TOPOLOGY_E_BROKER on a connection failure (the reason in warning).
+ * none, BROKER_E_FAILED on a connection failure (the reason in warning).
  */
 int topology_check_work_queue(amqp_connection_state_t conn, const config_consumer *c,
                               char *warning, size_t len);
@@ -79,7 +75,7 @@ int topology_check_work_queue(amqp_connection_state_t conn, const config_consume
  * For `idemq dlq`: the same detection as topology_declare for an existing Q.dlq, without
  * declaring anything new (a missing Q.dlq is left missing). On RabbitMQ 4.x, when Q.dlq is a
  * quorum queue without an unlimited delivery limit, writes the warning topology_declare would
- * give and returns 1; otherwise sets warning to "" and returns 0; TOPOLOGY_E_BROKER on a
+ * give and returns 1; otherwise sets warning to "" and returns 0; BROKER_E_FAILED on a
  * connection failure (the reason in warning).
  */
 int topology_check_dead_letter_queue(amqp_connection_state_t conn, const config_consumer *c,

@@ -249,7 +249,7 @@ int cli_topology(const config *cfg, bool dry_run)
         int rc = topology_declare(conn, &cfg->consumers[i], err, sizeof err);
         if (rc != 0) {
             fprintf(stderr, "idemq topology: %s\n", err);
-            exit_code = rc == TOPOLOGY_E_BROKER ? 1 : EXIT_USAGE;
+            exit_code = rc == BROKER_E_FAILED ? 1 : EXIT_USAGE;
         }
     }
     broker_close(conn);

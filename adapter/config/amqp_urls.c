@@ -13,10 +13,10 @@
 
 #define ENV_OVERRIDES AMQP_URLS_ENV " (overrides amqp.url and amqp.urls)"
 
-int config_check_amqp_url(const char *text, char *why, size_t why_len)
+int config_check_amqp_url(const char *text, char *err, size_t err_len)
 {
     static const char *const schemes[] = {"amqp", "amqps", NULL};
-    return config_check_url(text, schemes, "amqp:// or amqps://", false, why, why_len);
+    return config_check_url(text, schemes, "amqp:// or amqps://", false, err, err_len);
 }
 
 static void clear_urls(config *cfg)

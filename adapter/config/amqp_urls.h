@@ -24,8 +24,8 @@
 #define AMQP_URLS_ENV "IDEMQ_AMQP_URL"
 
 /* Checks one broker URL: amqp:// or amqps://, a host, a valid port. Returns 0, or -1 with the
- * reason (the URL redacted) in why. */
-int config_check_amqp_url(const char *text, char *why, size_t why_len);
+ * reason (the URL redacted) in err. */
+int config_check_amqp_url(const char *text, char *err, size_t err_len);
 
 /* The parse_fn of `amqp.urls` (base: config): a list of 1..CONFIG_MAX_AMQP_URLS URLs into
  * cfg->amqp_urls. */

@@ -29,11 +29,11 @@
  * read the config, never the reverse.
  *
  * Errors, the convention of every header in config/:
- *   - A function that can fail returns int: 0 on success, a negative value on failure; each
- *     function says which negative values it returns (none returns an errno code).
+ *   - A function that can fail follows util/errors.h (0 on success, a negative value on
+ *     failure); each function says which negative values it returns (none returns an errno code).
  *   - The detail goes where the caller asks: config_load prints every problem to its `errors`
- *     stream, a check writes its reason into a caller-supplied buffer (why, err) — nothing in
- *     config/ writes to stderr or exits on its own.
+ *     stream, a check writes its reason into a caller-supplied buffer (err, util/errors.h) —
+ *     nothing in config/ writes to stderr or exits on its own.
  *   - config_load returns minus the number of problems it found, so the caller can say how many.
  *   - Inside the loader, parse and validate functions return nothing: they report into the load
  *     context and carry on, so one run shows every mistake (table.h).

@@ -20,36 +20,36 @@
 _Static_assert(sizeof(config_declare_mode) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(config_queue_type) == sizeof(int), "enums are stored as int");
 
-static int check_queue(const char *text, char *why, size_t why_len)
+static int check_queue(const char *text, char *err, size_t err_len)
 {
     size_t n = strlen(text);
     if (n > QUEUE_MAX) {
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "queue name is %zu bytes long; at most %d are allowed (the retry and dead-letter "
                  "queues append suffixes to it)",
                  n, QUEUE_MAX);
         return -1;
     }
-    if (config_check_bounded(text, QUEUE_MAX, "queue name", why, why_len) < 0)
+    if (config_check_bounded(text, QUEUE_MAX, "queue name", err, err_len) < 0)
         return -1;
     if (strncmp(text, "amq.", 4) == 0) {
-        snprintf(why, why_len, "queue names starting with 'amq.' are reserved by RabbitMQ");
+        snprintf(err, err_len, "queue names starting with 'amq.' are reserved by RabbitMQ");
         return -1;
     }
     return 0;
 }
 
-static int check_handler_name(const char *text, char *why, size_t why_len)
+static int check_handler_name(const char *text, char *err, size_t err_len)
 {
     size_t n = strlen(text);
     if (n > HANDLER_NAME_MAX) {
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "handler_name is %zu bytes long; at most %d are allowed (it is stored in "
                  "msg_dedup.handler_name)",
                  n, HANDLER_NAME_MAX);
         return -1;
     }
-    return config_check_bounded(text, HANDLER_NAME_MAX, "handler_name", why, why_len);
+    return config_check_bounded(text, HANDLER_NAME_MAX, "handler_name", err, err_len);
 }
 
 /* clang-format off */

@@ -22,15 +22,15 @@ _Static_assert(sizeof(config_emit_format) == sizeof(int), "enums are stored as i
 
 /* Emit names end up in the outgoing biz_key's derivation and in `idemq outbox list`: a plain
  * alphabet keeps them unambiguous in both. */
-static int check_emit_name(const char *text, char *why, size_t why_len)
+static int check_emit_name(const char *text, char *err, size_t err_len)
 {
     char shown[128];
-    if (config_check_bounded(text, EMIT_NAME_MAX, "emit name", why, why_len) < 0)
+    if (config_check_bounded(text, EMIT_NAME_MAX, "emit name", err, err_len) < 0)
         return -1;
     for (const char *p = text; *p; p++) {
         if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || config_is_digit(*p) ||
               *p == '_' || *p == '-' || *p == '.')) {
-            snprintf(why, why_len,
+            snprintf(err, err_len,
                      "emit name '%s' may only use A-Z a-z 0-9 _ - . (it is part of the outgoing "
                      "biz_key)",
                      config_show(shown, sizeof shown, text));
@@ -41,29 +41,29 @@ static int check_emit_name(const char *text, char *why, size_t why_len)
 }
 
 /* An exchange may be "" (the default exchange); both are AMQP short strings. */
-static int check_target(const char *text, const char *what, char *why, size_t why_len)
+static int check_target(const char *text, const char *what, char *err, size_t err_len)
 {
     size_t n = strlen(text);
     if (n > EMIT_TARGET_MAX) {
-        snprintf(why, why_len, "%s is %zu bytes long; at most %d are allowed", what, n,
+        snprintf(err, err_len, "%s is %zu bytes long; at most %d are allowed", what, n,
                  EMIT_TARGET_MAX);
         return -1;
     }
     if (config_has_control(text)) {
-        snprintf(why, why_len, "%s must not contain control characters", what);
+        snprintf(err, err_len, "%s must not contain control characters", what);
         return -1;
     }
     return 0;
 }
 
-static int check_exchange(const char *text, char *why, size_t why_len)
+static int check_exchange(const char *text, char *err, size_t err_len)
 {
-    return check_target(text, "exchange", why, why_len);
+    return check_target(text, "exchange", err, err_len);
 }
 
-static int check_routing_key(const char *text, char *why, size_t why_len)
+static int check_routing_key(const char *text, char *err, size_t err_len)
 {
-    return check_target(text, "routing_key", why, why_len);
+    return check_target(text, "routing_key", err, err_len);
 }
 
 static void parse_fields(load_ctx *ctx, const opt *o, yaml_node_t *node, void *base,
@@ -90,13 +90,13 @@ const opt config_emit_table[] = {
 };
 /* clang-format on */
 
-static int check_field_path(const char *text, char *why, size_t why_len)
+static int check_field_path(const char *text, char *err, size_t err_len)
 {
     char shown[128];
-    if (config_check_bounded(text, FIELD_PATH_MAX, "field path", why, why_len) < 0)
+    if (config_check_bounded(text, FIELD_PATH_MAX, "field path", err, err_len) < 0)
         return -1;
     if (text[0] == '.' || text[strlen(text) - 1] == '.' || strstr(text, "..")) {
-        snprintf(why, why_len, "field path '%s' has an empty segment",
+        snprintf(err, err_len, "field path '%s' has an empty segment",
                  config_show(shown, sizeof shown, text));
         return -1;
     }

@@ -17,13 +17,13 @@
 
 /* A plugin is loaded by absolute path only: a relative one would depend on the working directory
  * and a bare name on the dynamic loader's search path. */
-static int check_plugin_path(const char *text, char *why, size_t why_len)
+static int check_plugin_path(const char *text, char *err, size_t err_len)
 {
     char shown[128];
-    if (config_check_bounded(text, PLUGIN_PATH_MAX, "plugin path", why, why_len) < 0)
+    if (config_check_bounded(text, PLUGIN_PATH_MAX, "plugin path", err, err_len) < 0)
         return -1;
     if (text[0] != '/') {
-        snprintf(why, why_len, "plugin path '%s' must be absolute (start with /)",
+        snprintf(err, err_len, "plugin path '%s' must be absolute (start with /)",
                  config_show(shown, sizeof shown, text));
         return -1;
     }

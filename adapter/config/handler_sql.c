@@ -21,18 +21,18 @@ _Static_assert(sizeof(config_on_mismatch) == sizeof(int), "enums are stored as i
 
 /* The text of a sql handler statement. Newlines and tabs are fine (YAML block scalars); the
  * placeholders are parsed afterwards by parse_statements. */
-static int check_sql(const char *text, char *why, size_t why_len)
+static int check_sql(const char *text, char *err, size_t err_len)
 {
     size_t n = strlen(text);
     bool blank = true;
     for (const char *p = text; *p && blank; p++)
         blank = *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r';
     if (blank) {
-        snprintf(why, why_len, "the statement is empty");
+        snprintf(err, err_len, "the statement is empty");
         return -1;
     }
     if (n > SQL_TEXT_MAX) {
-        snprintf(why, why_len, "the statement is %zu bytes long; at most %d are allowed", n,
+        snprintf(err, err_len, "the statement is %zu bytes long; at most %d are allowed", n,
                  SQL_TEXT_MAX);
         return -1;
     }

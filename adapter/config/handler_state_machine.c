@@ -22,7 +22,7 @@
 _Static_assert(sizeof(config_on_illegal) == sizeof(int), "enums are stored as int");
 
 /* SQL identifiers are pasted into statements (inside backticks), so only a strict alphabet. */
-static int check_ident(const char *text, char *why, size_t why_len)
+static int check_ident(const char *text, char *err, size_t err_len)
 {
     size_t n = strlen(text);
     bool ok = n >= 1 && n <= IDENT_MAX;
@@ -32,30 +32,30 @@ static int check_ident(const char *text, char *why, size_t why_len)
              *p == '_' || *p == '$';
     if (ok)
         return 0;
-    snprintf(why, why_len,
+    snprintf(err, err_len,
              "'%s' is not a valid SQL identifier: use 1 to %d characters from A-Z a-z 0-9 _ $",
              config_show(shown, sizeof shown, text), IDENT_MAX);
     return -1;
 }
 
-static int check_state(const char *text, char *why, size_t why_len)
+static int check_state(const char *text, char *err, size_t err_len)
 {
-    return config_check_bounded(text, VALUE_MAX, "state", why, why_len);
+    return config_check_bounded(text, VALUE_MAX, "state", err, err_len);
 }
 
-static int check_event(const char *text, char *why, size_t why_len)
+static int check_event(const char *text, char *err, size_t err_len)
 {
-    return config_check_bounded(text, VALUE_MAX, "event name", why, why_len);
+    return config_check_bounded(text, VALUE_MAX, "event name", err, err_len);
 }
 
 /* A message field, possibly a dotted path into nested maps ("payment.amount"). */
-static int check_field(const char *text, char *why, size_t why_len)
+static int check_field(const char *text, char *err, size_t err_len)
 {
     char shown[128];
-    if (config_check_bounded(text, VALUE_MAX, "field path", why, why_len) < 0)
+    if (config_check_bounded(text, VALUE_MAX, "field path", err, err_len) < 0)
         return -1;
     if (text[0] == '.' || text[strlen(text) - 1] == '.' || strstr(text, "..")) {
-        snprintf(why, why_len, "field path '%s' has an empty segment",
+        snprintf(err, err_len, "field path '%s' has an empty segment",
                  config_show(shown, sizeof shown, text));
         return -1;
     }

@@ -15,24 +15,24 @@
 static const char *const tls_mode_names[] = {"disabled",  "preferred",       "required",
                                              "verify_ca", "verify_identity", NULL};
 
-int config_check_readable_file(const char *text, char *why, size_t why_len)
+int config_check_readable_file(const char *text, char *err, size_t err_len)
 {
     char shown[128];
     struct stat st;
     config_show(shown, sizeof shown, text);
     if (!*text || config_has_control(text)) {
-        snprintf(why, why_len, "'%s' is not a file name", shown);
+        snprintf(err, err_len, "'%s' is not a file name", shown);
         return -1;
     }
     FILE *f = fopen(text, "rb");
     if (!f) {
-        snprintf(why, why_len, "cannot read '%s': %s", shown, strerror(errno));
+        snprintf(err, err_len, "cannot read '%s': %s", shown, strerror(errno));
         return -1;
     }
     int is_dir = fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode);
     fclose(f);
     if (is_dir) {
-        snprintf(why, why_len, "'%s' is a directory, not a file", shown);
+        snprintf(err, err_len, "'%s' is a directory, not a file", shown);
         return -1;
     }
     return 0;

@@ -27,8 +27,8 @@ struct config;
 extern const opt config_mysql_tls_table[];
 
 /* A file the process must be able to read at start (a CA, a certificate, a key). Returns 0, or
- * -1 with the reason (naming the file) in why. */
-int config_check_readable_file(const char *text, char *why, size_t why_len);
+ * -1 with the reason (naming the file) in err. */
+int config_check_readable_file(const char *text, char *err, size_t err_len);
 
 /* After the walk: the rules above, reported into ctx at the keys' lines (root: the document's
  * top mapping). */

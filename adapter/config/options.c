@@ -26,10 +26,10 @@ _Static_assert(sizeof(config_log_level) == sizeof(int), "enums are stored as int
 #define DECIMAL_TEXT(n) #n
 #define DECIMAL(n) DECIMAL_TEXT(n)
 
-static int check_mysql_url(const char *text, char *why, size_t why_len)
+static int check_mysql_url(const char *text, char *err, size_t err_len)
 {
     static const char *const schemes[] = {"mysql", NULL};
-    if (config_check_url(text, schemes, "mysql://", true, why, why_len) != 0)
+    if (config_check_url(text, schemes, "mysql://", true, err, err_len) != 0)
         return -1;
     /* What only the MySQL grammar knows (a database, known parameters, lengths) fails here,
      * with its line, rather than at the first connect. */
@@ -39,7 +39,7 @@ static int check_mysql_url(const char *text, char *why, size_t why_len)
     explicit_bzero(&parts, sizeof parts);
     if (rc != 0) {
         config_redact_url(text, redacted, sizeof redacted);
-        snprintf(why, why_len, "'%s': %s", config_show(shown, sizeof shown, redacted), sub);
+        snprintf(err, err_len, "'%s': %s", config_show(shown, sizeof shown, redacted), sub);
         return -1;
     }
     return 0;
@@ -47,28 +47,28 @@ static int check_mysql_url(const char *text, char *why, size_t why_len)
 
 /* amqp.tls files are read at every connect: a typo or a permission problem must fail at load,
  * with its line, not at the first connect. */
-static int check_readable_file(const char *text, char *why, size_t why_len)
+static int check_readable_file(const char *text, char *err, size_t err_len)
 {
     char shown[128];
     struct stat st;
     FILE *f;
 
     if (!*text) {
-        snprintf(why, why_len, "the file name must not be empty");
+        snprintf(err, err_len, "the file name must not be empty");
         return -1;
     }
     config_show(shown, sizeof shown, text);
     if (stat(text, &st) != 0) {
-        snprintf(why, why_len, "cannot read '%s': %s", shown, strerror(errno));
+        snprintf(err, err_len, "cannot read '%s': %s", shown, strerror(errno));
         return -1;
     }
     if (!S_ISREG(st.st_mode)) {
-        snprintf(why, why_len, "'%s' is not a regular file", shown);
+        snprintf(err, err_len, "'%s' is not a regular file", shown);
         return -1;
     }
     f = fopen(text, "r");
     if (!f) {
-        snprintf(why, why_len, "cannot read '%s': %s", shown, strerror(errno));
+        snprintf(err, err_len, "cannot read '%s': %s", shown, strerror(errno));
         return -1;
     }
     fclose(f);
@@ -76,26 +76,26 @@ static int check_readable_file(const char *text, char *why, size_t why_len)
 }
 
 /* A DNS name or an IP address, as a certificate holds them (no wildcard, no port). */
-static int check_server_name(const char *text, char *why, size_t why_len)
+static int check_server_name(const char *text, char *err, size_t err_len)
 {
     char shown[128];
     unsigned char v6[16];
     size_t n = strlen(text);
     if (n == 0 || n > 253) {
-        snprintf(why, why_len, "must be a host name of 1 to 253 bytes");
+        snprintf(err, err_len, "must be a host name of 1 to 253 bytes");
         return -1;
     }
     for (const char *p = text; *p; p++) {
         char c = *p;
         if (!(config_is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
               c == '-' || c == '.' || c == ':')) {
-            snprintf(why, why_len, "'%s' is not a host name or IP address (no port, no wildcard)",
+            snprintf(err, err_len, "'%s' is not a host name or IP address (no port, no wildcard)",
                      config_show(shown, sizeof shown, text));
             return -1;
         }
     }
     if (strchr(text, ':') && inet_pton(AF_INET6, text, v6) != 1) {
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "'%s' is not a host name or IP address (no port: the URL gives the port)",
                  config_show(shown, sizeof shown, text));
         return -1;

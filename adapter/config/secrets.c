@@ -13,15 +13,15 @@
 #include "config/document.h"
 #include "config/text.h"
 
-int config_check_secret_path(const char *text, char *why, size_t why_len)
+int config_check_secret_path(const char *text, char *err, size_t err_len)
 {
     char shown[128];
     if (!*text) {
-        snprintf(why, why_len, "must name a file");
+        snprintf(err, err_len, "must name a file");
         return -1;
     }
     if (config_has_control(text)) {
-        snprintf(why, why_len, "'%s' contains control characters",
+        snprintf(err, err_len, "'%s' contains control characters",
                  config_show(shown, sizeof shown, text));
         return -1;
     }
@@ -36,7 +36,7 @@ void config_free_secret(char *secret)
     free(secret);
 }
 
-int config_read_secret(const char *path, char **out, char *why, size_t why_len)
+int config_read_secret(const char *path, char **out, char *err, size_t err_len)
 {
     /* One byte more than allowed, plus room for "\r\n", tells "too long" from "just fits". */
     char buf[CONFIG_SECRET_MAX + 3];
@@ -49,16 +49,16 @@ int config_read_secret(const char *path, char **out, char *why, size_t why_len)
     config_show(shown, sizeof shown, path);
     FILE *f = fopen(path, "rb");
     if (!f) {
-        snprintf(why, why_len, "cannot read the password file '%s': %s", shown, strerror(errno));
+        snprintf(err, err_len, "cannot read the password file '%s': %s", shown, strerror(errno));
         return -1;
     }
     if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        snprintf(why, why_len, "the password file '%s' is a directory", shown);
+        snprintf(err, err_len, "the password file '%s' is a directory", shown);
         goto out;
     }
     len = fread(buf, 1, sizeof buf, f);
     if (ferror(f)) {
-        snprintf(why, why_len, "cannot read the password file '%s': %s", shown, strerror(errno));
+        snprintf(err, err_len, "cannot read the password file '%s': %s", shown, strerror(errno));
         goto out;
     }
     if (len > 0 && buf[len - 1] == '\n') {
@@ -67,17 +67,17 @@ int config_read_secret(const char *path, char **out, char *why, size_t why_len)
             len--;
     }
     if (len > CONFIG_SECRET_MAX) {
-        snprintf(why, why_len, "the password file '%s' is longer than %d bytes", shown,
+        snprintf(err, err_len, "the password file '%s' is longer than %d bytes", shown,
                  CONFIG_SECRET_MAX);
         goto out;
     }
     if (len == 0) {
-        snprintf(why, why_len, "the password file '%s' is empty", shown);
+        snprintf(err, err_len, "the password file '%s' is empty", shown);
         goto out;
     }
     for (size_t i = 0; i < len; i++) {
         if ((unsigned char)buf[i] < 0x20 || buf[i] == 0x7f) {
-            snprintf(why, why_len,
+            snprintf(err, err_len,
                      "the password file '%s' holds control characters or more than one line "
                      "(only one trailing newline is stripped)",
                      shown);
@@ -86,7 +86,7 @@ int config_read_secret(const char *path, char **out, char *why, size_t why_len)
     }
     *out = malloc(len + 1);
     if (!*out) {
-        snprintf(why, why_len, "out of memory");
+        snprintf(err, err_len, "out of memory");
         goto out;
     }
     memcpy(*out, buf, len);

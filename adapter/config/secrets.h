@@ -24,13 +24,13 @@
 struct config;
 
 /* The check of a password_file value at the walk: a non-empty path without control characters
- * (the file itself is read after the walk). Returns 0, or -1 with the reason in why. */
-int config_check_secret_path(const char *text, char *why, size_t why_len);
+ * (the file itself is read after the walk). Returns 0, or -1 with the reason in err. */
+int config_check_secret_path(const char *text, char *err, size_t err_len);
 
 /* Reads the file at path (borrowed) into *out (returned owned, NUL-terminated, the trailing
- * newline stripped). Returns 0, or -1 with the reason in why (naming the file, never the
+ * newline stripped). Returns 0, or -1 with the reason in err (naming the file, never the
  * content). */
-int config_read_secret(const char *path, char **out, char *why, size_t why_len);
+int config_read_secret(const char *path, char **out, char *err, size_t err_len);
 
 /* After the walk: reads cfg->amqp_password_file and cfg->mysql_password_file (when set) into
  * cfg->amqp_password and cfg->mysql_password, reporting into ctx at the key's line (root is the

@@ -10,6 +10,7 @@
 #include "config/document.h"
 #include "config/text.h"
 #include "config/units.h"
+#include "util/errors.h"
 
 #define SUGGEST_MAX 64 /* longest key compared for a "did you mean" (MySQL's identifier limit) */
 
@@ -45,7 +46,8 @@ static void *field_at(void *base, size_t offset)
     return (char *)base + offset;
 }
 
-/* Parses a plain integer, allowing a sign so "-1" gets a range message rather than a type one. */
+/* Parses a plain integer, allowing a sign so "-1" gets a range message rather than a type one.
+ * Returns 0, CONFIG_E_NOT_INTEGER, or CONFIG_E_OUT_OF_RANGE (digits, but too many). */
 static int parse_int(const char *text, bool *negative, uint64_t *out)
 {
     const char *p = text;
@@ -53,8 +55,8 @@ static int parse_int(const char *text, bool *negative, uint64_t *out)
     if (*p == '-' || *p == '+')
         p++;
     if (config_parse_count(&p, out) < 0)
-        return config_is_digit(*p) ? -2 : -1; /* -2: digits, but too many */
-    return *p ? -1 : 0;
+        return config_is_digit(*p) ? CONFIG_E_OUT_OF_RANGE : CONFIG_E_NOT_INTEGER;
+    return *p ? CONFIG_E_NOT_INTEGER : 0;
 }
 
 /* "a, b, c" for an enum's allowed words. */
@@ -92,9 +94,9 @@ static const char *type_name(const opt *o, char *buf, size_t len)
 
 /*
  * Parses text as o's type and stores it at base + o->offset. The same code handles defaults,
- * file values and environment values. Returns 0, or -1 with the reason in why.
+ * file values and environment values. Returns 0, or -1 with the reason in err.
  */
-static int opt_set(const opt *o, const char *text, void *base, char *why, size_t why_len)
+static int opt_set(const opt *o, const char *text, void *base, char *err, size_t err_len)
 {
     void *dst = field_at(base, o->offset);
     char shown[128], lo[32], hi[32];
@@ -106,13 +108,13 @@ static int opt_set(const opt *o, const char *text, void *base, char *why, size_t
     switch (o->type) {
     case OPT_UINT:
         rc = parse_int(text, &negative, &v);
-        if (rc == -1) {
-            snprintf(why, why_len, "expected an integer, got '%s'",
+        if (rc == CONFIG_E_NOT_INTEGER) {
+            snprintf(err, err_len, "expected an integer, got '%s'",
                      config_show(shown, sizeof shown, text));
             return -1;
         }
-        if (rc == -2 || negative || v < o->min || v > o->max) {
-            snprintf(why, why_len, "must be between %llu and %llu, got %s (%s)",
+        if (rc == CONFIG_E_OUT_OF_RANGE || negative || v < o->min || v > o->max) {
+            snprintf(err, err_len, "must be between %llu and %llu, got %s (%s)",
                      (unsigned long long)o->min, (unsigned long long)o->max,
                      config_show(shown, sizeof shown, text), o->help);
             return -1;
@@ -121,21 +123,21 @@ static int opt_set(const opt *o, const char *text, void *base, char *why, size_t
         return 0;
     case OPT_DURATION:
         if (config_parse_duration(text, &v) < 0) {
-            snprintf(why, why_len,
+            snprintf(err, err_len,
                      "'%s' is not a valid duration (use a whole number with ms, s, m, h or d, "
                      "e.g. 250ms, 30s, 5m; a bare number means seconds)",
                      config_show(shown, sizeof shown, text));
             return -1;
         }
         if (v < o->min || v > o->max) {
-            snprintf(why, why_len, "must be between %s and %s, got %s (%s)",
+            snprintf(err, err_len, "must be between %s and %s, got %s (%s)",
                      config_format_duration(lo, sizeof lo, o->min),
                      config_format_duration(hi, sizeof hi, o->max),
                      config_show(shown, sizeof shown, text), o->help);
             return -1;
         }
         if ((o->flags & OPT_WHOLE_SECONDS) && v % 1000) {
-            snprintf(why, why_len, "must be whole seconds, got %s",
+            snprintf(err, err_len, "must be whole seconds, got %s",
                      config_show(shown, sizeof shown, text));
             return -1;
         }
@@ -143,14 +145,14 @@ static int opt_set(const opt *o, const char *text, void *base, char *why, size_t
         return 0;
     case OPT_SIZE:
         if (config_parse_size(text, &size) < 0) {
-            snprintf(why, why_len,
+            snprintf(err, err_len,
                      "'%s' is not a valid size (use a whole number with an optional unit B, KB, "
                      "MB, GB, KiB, MiB or GiB, e.g. 64KiB)",
                      config_show(shown, sizeof shown, text));
             return -1;
         }
         if (size < o->min || size > o->max) {
-            snprintf(why, why_len, "must be between %s and %s, got %s (%s)",
+            snprintf(err, err_len, "must be between %s and %s, got %s (%s)",
                      config_format_size(lo, sizeof lo, o->min),
                      config_format_size(hi, sizeof hi, o->max),
                      config_show(shown, sizeof shown, text), o->help);
@@ -167,17 +169,17 @@ static int opt_set(const opt *o, const char *text, void *base, char *why, size_t
         }
         {
             char list[256];
-            snprintf(why, why_len, "'%s' is not one of: %s", config_show(shown, sizeof shown, text),
+            snprintf(err, err_len, "'%s' is not one of: %s", config_show(shown, sizeof shown, text),
                      enum_list(o, list, sizeof list));
         }
         return -1;
     case OPT_STRING: {
         char *copy;
-        if (o->check && o->check(text, why, why_len) < 0)
+        if (o->check && o->check(text, err, err_len) < 0)
             return -1;
         copy = strdup(text);
         if (!copy) {
-            snprintf(why, why_len, "out of memory");
+            snprintf(err, err_len, "out of memory");
             return -1;
         }
         free(*(char **)dst);
@@ -185,7 +187,7 @@ static int opt_set(const opt *o, const char *text, void *base, char *why, size_t
         return 0;
     }
     default:
-        snprintf(why, why_len, "internal error: option %s has no scalar type", o->name);
+        snprintf(err, err_len, "internal error: option %s has no scalar type", o->name);
         return -1;
     }
 }
@@ -348,20 +350,20 @@ char *config_take_string(load_ctx *ctx, const yaml_node_t *node, const char *pat
     return copy;
 }
 
-int config_check_bounded(const char *text, size_t max, const char *what, char *why, size_t why_len)
+int config_check_bounded(const char *text, size_t max, const char *what, char *err, size_t err_len)
 {
     size_t n = strlen(text);
     char shown[128];
     if (n == 0) {
-        snprintf(why, why_len, "%s must not be empty", what);
+        snprintf(err, err_len, "%s must not be empty", what);
         return -1;
     }
     if (n > max) {
-        snprintf(why, why_len, "%s is %zu bytes long; at most %zu are allowed", what, n, max);
+        snprintf(err, err_len, "%s is %zu bytes long; at most %zu are allowed", what, n, max);
         return -1;
     }
     if (config_has_control(text)) {
-        snprintf(why, why_len, "%s '%s' contains control characters", what,
+        snprintf(err, err_len, "%s '%s' contains control characters", what,
                  config_show(shown, sizeof shown, text));
         return -1;
     }

@@ -13,7 +13,7 @@
  * exactly what the walker accepts. Internal to config/. Thread affinity: the loading thread
  * (getenv).
  *
- * Errors: check functions return 0, or -1 with a reason in the caller's why buffer. Parse and
+ * Errors: check functions return 0, or -1 with a reason in the caller's err buffer. Parse and
  * validate functions return nothing: they report into ctx and go on (a caller that must know
  * compares ctx->total before and after).
  */
@@ -35,8 +35,8 @@
 
 typedef struct opt opt;
 
-/* Checks a string value (borrowed). Returns 0, or -1 with the reason in why. */
-typedef int (*check_fn)(const char *text, char *why, size_t why_len);
+/* Checks a string value (borrowed). Returns 0, or -1 with the reason in err. */
+typedef int (*check_fn)(const char *text, char *err, size_t err_len);
 
 /* Parses node, the value of entry o, into base (the struct o's table describes); path is the
  * key path for messages. */
@@ -108,8 +108,7 @@ char *config_take_string(load_ctx *ctx, const yaml_node_t *node, const char *pat
 
 /* The common rule for names (states, events, queue names...): 1 to max bytes, no control
  * bytes; what names the value in the reason. */
-int config_check_bounded(const char *text, size_t max, const char *what, char *why,
-                         size_t why_len);
+int config_check_bounded(const char *text, size_t max, const char *what, char *err, size_t err_len);
 
 /* The parse_fn of a key its parent reads before the walk (a handler's type): it only has to be
  * accepted. */

@@ -128,7 +128,7 @@ static int hex_value(char c)
  * %80..%FF (it decodes into a signed char). Returns 0, or -1 with a reason that names no
  * character of the password.
  */
-static int check_userinfo(const char *info, size_t len, bool amqp, char *why, size_t why_len)
+static int check_userinfo(const char *info, size_t len, bool amqp, char *err, size_t err_len)
 {
     const char *colon = memchr(info, ':', len);
     bool encoded_ok = true, high_byte = false;
@@ -151,13 +151,13 @@ static int check_userinfo(const char *info, size_t len, bool amqp, char *why, si
         i += 2;
     }
     if (!encoded_ok) {
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "has a user or password that is not percent-encoded (write : @ / ? # [ ] %% "
                  "in them as %%3A %%40 %%2F %%3F %%23 %%5B %%5D %%25)");
         return -1;
     }
     if (amqp && high_byte) {
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "has a user or password with a percent-encoded byte above %%7F, which "
                  "rabbitmq-c cannot decode: write such bytes unencoded, or use "
                  "amqp.password_file");
@@ -168,7 +168,7 @@ static int check_userinfo(const char *info, size_t len, bool amqp, char *why, si
 
 /* Checks "host:port" (host may be "[v6]"); host_required says whether an empty host is wrong. */
 static int check_host_port(const char *s, size_t n, bool host_required, bool port_required,
-                           bool port_zero_ok, char *why, size_t why_len)
+                           bool port_zero_ok, char *err, size_t err_len)
 {
     const char *end = s + n, *port = NULL;
     size_t host_len;
@@ -176,13 +176,13 @@ static int check_host_port(const char *s, size_t n, bool host_required, bool por
     if (n > 0 && s[0] == '[') {
         const char *close = memchr(s, ']', n);
         if (!close) {
-            snprintf(why, why_len, "has an unterminated IPv6 address");
+            snprintf(err, err_len, "has an unterminated IPv6 address");
             return -1;
         }
         host_len = (size_t)(close + 1 - s);
         if (close + 1 < end) {
             if (close[1] != ':') {
-                snprintf(why, why_len, "has text after the IPv6 address");
+                snprintf(err, err_len, "has text after the IPv6 address");
                 return -1;
             }
             port = close + 2;
@@ -193,11 +193,11 @@ static int check_host_port(const char *s, size_t n, bool host_required, bool por
         port = colon ? colon + 1 : NULL;
     }
     if (host_required && host_len == 0) {
-        snprintf(why, why_len, "has no host");
+        snprintf(err, err_len, "has no host");
         return -1;
     }
     if (!port && port_required) {
-        snprintf(why, why_len, "has no port (expected HOST:PORT)");
+        snprintf(err, err_len, "has no port (expected HOST:PORT)");
         return -1;
     }
     if (port) {
@@ -206,7 +206,7 @@ static int check_host_port(const char *s, size_t n, bool host_required, bool por
         for (; p < end && config_is_digit(*p) && v <= 65535; p++)
             v = v * 10 + (unsigned long)(*p - '0');
         if (p == port || p != end || (v == 0 && !port_zero_ok) || v > 65535) {
-            snprintf(why, why_len, "has an invalid port (expected %s..65535)",
+            snprintf(err, err_len, "has an invalid port (expected %s..65535)",
                      port_zero_ok ? "0" : "1");
             return -1;
         }
@@ -215,7 +215,7 @@ static int check_host_port(const char *s, size_t n, bool host_required, bool por
 }
 
 int config_check_url(const char *text, const char *const *schemes, const char *expect,
-                     bool socket_ok, char *why, size_t why_len)
+                     bool socket_ok, char *err, size_t err_len)
 {
     char redacted[256], shown[128];
     const char *auth = NULL, *at, *host;
@@ -227,7 +227,7 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
     config_show(shown, sizeof shown, redacted);
     for (const char *p = text; *p; p++) {
         if ((unsigned char)*p <= 0x20 || *p == 0x7f) {
-            snprintf(why, why_len, "'%s' contains spaces or control characters", shown);
+            snprintf(err, err_len, "'%s' contains spaces or control characters", shown);
             return -1;
         }
     }
@@ -239,21 +239,21 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
         }
     }
     if (!auth) {
-        snprintf(why, why_len, "'%s' must start with %s", shown, expect);
+        snprintf(err, err_len, "'%s' must start with %s", shown, expect);
         return -1;
     }
     /* One raw '@' at most, ending the user-info: that is where redaction and both parsers split
      * (an '@' anywhere else is written %40). */
     at = strchr(auth, '@');
     if (at && strchr(at + 1, '@')) {
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "'%s' has more than one '@' (write an '@' in the user, password, path or query "
                  "as %%40)",
                  shown);
         return -1;
     }
     if (at && check_userinfo(auth, (size_t)(at - auth), amqp, sub, sizeof sub) < 0) {
-        snprintf(why, why_len, "'%s' %s", shown, sub);
+        snprintf(err, err_len, "'%s' %s", shown, sub);
         return -1;
     }
     host = at ? at + 1 : auth;
@@ -262,7 +262,7 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
         (host[host_len] != '/' ||
          strcspn(host + host_len + 1, ":/?#[]") != strlen(host + host_len + 1))) {
         /* amqp_parse_url takes no query and ends the vhost at any of these. */
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "'%s' has a vhost that is not percent-encoded, or a query (write : / ? # [ ] "
                  "in the vhost as %%3A %%2F %%3F %%23 %%5B %%5D; the vhost / is %%2f)",
                  shown);
@@ -271,7 +271,7 @@ int config_check_url(const char *text, const char *const *schemes, const char *e
     if (host_len == 0 && socket_ok && (strstr(text, "?socket=") || strstr(text, "&socket=")))
         return 0;
     if (check_host_port(host, host_len, true, false, false, sub, sizeof sub) < 0) {
-        snprintf(why, why_len, "'%s' %s", shown, sub);
+        snprintf(err, err_len, "'%s' %s", shown, sub);
         return -1;
     }
     return 0;
@@ -299,13 +299,13 @@ static int percent_decode(const char *begin, const char *end, char *out, size_t 
     return 0;
 }
 
-int config_parse_mysql_url(const char *url, config_mysql_url *out, char *why, size_t why_len)
+int config_parse_mysql_url(const char *url, config_mysql_url *out, char *err, size_t err_len)
 {
     static const char scheme[] = "mysql://";
     memset(out, 0, sizeof *out);
     out->port = 3306;
     if (strncmp(url, scheme, sizeof scheme - 1) != 0) {
-        snprintf(why, why_len, "must start with mysql://");
+        snprintf(err, err_len, "must start with mysql://");
         return -1;
     }
     const char *p = url + sizeof scheme - 1;
@@ -314,7 +314,7 @@ int config_parse_mysql_url(const char *url, config_mysql_url *out, char *why, si
      * are percent-encoded. */
     const char *at = strchr(p, '@');
     if (at && strchr(at + 1, '@')) {
-        snprintf(why, why_len,
+        snprintf(err, err_len,
                  "more than one '@' (write an '@' in the user, password or socket path as %%40)");
         return -1;
     }
@@ -323,12 +323,12 @@ int config_parse_mysql_url(const char *url, config_mysql_url *out, char *why, si
         const char *user_end = colon ? colon : at;
         if (strcspn(p, "/?#[]") < (size_t)(at - p) ||
             (colon && memchr(colon + 1, ':', (size_t)(at - colon - 1)))) {
-            snprintf(why, why_len, "user or password is not percent-encoded");
+            snprintf(err, err_len, "user or password is not percent-encoded");
             return -1;
         }
         if (percent_decode(p, user_end, out->user, sizeof out->user) < 0 ||
             (colon && percent_decode(colon + 1, at, out->password, sizeof out->password) < 0)) {
-            snprintf(why, why_len, "user or password is malformed or too long");
+            snprintf(err, err_len, "user or password is malformed or too long");
             return -1;
         }
         p = at + 1;
@@ -340,14 +340,14 @@ int config_parse_mysql_url(const char *url, config_mysql_url *out, char *why, si
         char *end = NULL;
         long port = strtol(port_colon + 1, &end, 10);
         if (end != authority_end || port < 1 || port > 65535) {
-            snprintf(why, why_len, "port must be 1..65535");
+            snprintf(err, err_len, "port must be 1..65535");
             return -1;
         }
         out->port = (unsigned)port;
         host_end = port_colon;
     }
     if ((size_t)(host_end - p) >= sizeof out->host) {
-        snprintf(why, why_len, "host is too long");
+        snprintf(err, err_len, "host is too long");
         return -1;
     }
     memcpy(out->host, p, (size_t)(host_end - p));
@@ -358,13 +358,13 @@ int config_parse_mysql_url(const char *url, config_mysql_url *out, char *why, si
         p++;
         size_t len = strcspn(p, "?");
         if (percent_decode(p, p + len, out->database, sizeof out->database) < 0) {
-            snprintf(why, why_len, "database name is malformed or too long");
+            snprintf(err, err_len, "database name is malformed or too long");
             return -1;
         }
         p += len;
     }
     if (out->database[0] == '\0') {
-        snprintf(why, why_len, "a database name is required (mysql://…/DATABASE)");
+        snprintf(err, err_len, "a database name is required (mysql://…/DATABASE)");
         return -1;
     }
     while (*p == '?' || *p == '&') {
@@ -374,11 +374,11 @@ int config_parse_mysql_url(const char *url, config_mysql_url *out, char *why, si
         if (strncmp(p, socket_key, sizeof socket_key - 1) == 0) {
             if (percent_decode(p + sizeof socket_key - 1, p + len, out->socket,
                                sizeof out->socket) < 0) {
-                snprintf(why, why_len, "socket path is malformed or too long");
+                snprintf(err, err_len, "socket path is malformed or too long");
                 return -1;
             }
         } else if (len > 0) {
-            snprintf(why, why_len, "unknown parameter '%.*s' (known: socket)",
+            snprintf(err, err_len, "unknown parameter '%.*s' (known: socket)",
                      (int)(strcspn(p, "=&") > 64 ? 64 : strcspn(p, "=&")), p);
             return -1;
         }
@@ -388,13 +388,13 @@ int config_parse_mysql_url(const char *url, config_mysql_url *out, char *why, si
 }
 
 
-int config_check_listen(const char *text, char *why, size_t why_len)
+int config_check_listen(const char *text, char *err, size_t err_len)
 {
     char sub[128], shown[128];
     /* Port 0 asks the kernel for a free port (logged at start): tests run several daemons. */
     if (check_host_port(text, strlen(text), true, true, true, sub, sizeof sub) < 0 ||
         config_has_control(text)) {
-        snprintf(why, why_len, "'%s' is not a listen address: %s",
+        snprintf(err, err_len, "'%s' is not a listen address: %s",
                  config_show(shown, sizeof shown, text),
                  config_has_control(text) ? "contains control characters" : sub);
         return -1;

@@ -13,7 +13,7 @@
  * password shows no part of it. config_redact_url is part of config.h's API. Pure; thread
  * affinity: none.
  *
- * Errors: the checks return 0, or -1 with a reason (never a password) in the caller's why buffer.
+ * Errors: the checks return 0, or -1 with a reason (never a password) in the caller's err buffer.
  */
 #ifndef IDEMQ_CONFIG_URL_H
 #define IDEMQ_CONFIG_URL_H
@@ -29,7 +29,7 @@ void config_redact_url(const char *url, char *buf, size_t buf_len);
  * list of accepted schemes, named by expect in the message ("amqp:// or amqps://"); socket_ok
  * accepts an empty host when a socket= parameter is given. */
 int config_check_url(const char *text, const char *const *schemes, const char *expect,
-                     bool socket_ok, char *why, size_t why_len);
+                     bool socket_ok, char *err, size_t err_len);
 
 #define CONFIG_MYSQL_PASSWORD_MAX 1024 /* bytes; config/secrets.h reads a password file up to this */
 
@@ -46,11 +46,11 @@ typedef struct config_mysql_url {
 
 /* The MySQL URL grammar, the one place it is written: the config loader checks mysql.url with
  * it and db/dsn builds every connection from it. Fills out from url (borrowed). Returns 0, or
- * -1 with a reason in why (never the password; without the URL, which the caller shows
+ * -1 with a reason in err (never the password; without the URL, which the caller shows
  * redacted). */
-int config_parse_mysql_url(const char *url, config_mysql_url *out, char *why, size_t why_len);
+int config_parse_mysql_url(const char *url, config_mysql_url *out, char *err, size_t err_len);
 
 /* Checks a listen address HOST:PORT (host may be "[v6]"; port 0 asks the kernel for one). */
-int config_check_listen(const char *text, char *why, size_t why_len);
+int config_check_listen(const char *text, char *err, size_t err_len);
 
 #endif

@@ -12,29 +12,17 @@
 #include <stddef.h>
 #include <jansson.h>
 
+#include "util/errors.h"
+
 #define ENVELOPE_BIZ_KEY_MAX 128
 #define ENVELOPE_DEFAULT_MAX_BODY (1024 * 1024)
 #define ENVELOPE_DEFAULT_MAX_DEPTH 32
 
 /* Every decode failure is deterministic: the same bytes fail the same way on every delivery,
- * so the caller treats all of them as non-retryable. The names are the stable strings used in
- * schemas/vectors and in the DLQ reason. */
-typedef enum envelope_error {
-    ENVELOPE_OK = 0,
-    ENVELOPE_E_TOO_LARGE = -1,     /* body larger than limits.max_body */
-    ENVELOPE_E_EMPTY = -2,         /* zero-length body */
-    ENVELOPE_E_SYNTAX = -3,        /* not valid JSON / MessagePack, or trailing bytes */
-    ENVELOPE_E_NOT_MAP = -4,       /* top level is not an object/map */
-    ENVELOPE_E_TOO_DEEP = -5,      /* nesting deeper than limits.max_depth */
-    ENVELOPE_E_UNSUPPORTED = -6,   /* msgpack bin/ext, non-string map key, int out of range,
-                                      unknown content type */
-    ENVELOPE_E_BIZ_KEY_MISSING = -7,
-    ENVELOPE_E_BIZ_KEY_TYPE = -8,  /* biz_key present but not a string */
-    ENVELOPE_E_BIZ_KEY_EMPTY = -9,
-    ENVELOPE_E_BIZ_KEY_TOO_LONG = -10, /* more than ENVELOPE_BIZ_KEY_MAX bytes */
-    ENVELOPE_E_BIZ_KEY_UTF8 = -11,     /* not valid UTF-8, or contains NUL */
-    ENVELOPE_E_DUPLICATE_KEY = -12,    /* the same map key twice: ambiguous, reject */
-} envelope_error;
+ * so the caller treats all of them as non-retryable. The codes are the ENVELOPE_E_* of
+ * util/errors.h; their names (envelope_error_name) are the stable strings used in schemas/vectors
+ * and in the DLQ reason. */
+#define ENVELOPE_OK 0
 
 typedef enum envelope_format {
     ENVELOPE_FORMAT_JSON = 1,
@@ -65,7 +53,7 @@ typedef struct envelope {
  *   out: caller-owned storage; filled only on success, then release it with envelope_close.
  *   err/err_len: optional buffer for a human-readable reason (never contains more than 200 bytes
  *     of the body).
- * Returns ENVELOPE_OK or a negative envelope_error.
+ * Returns ENVELOPE_OK or a negative ENVELOPE_E_* code (util/errors.h).
  */
 int envelope_decode(const void *body, size_t body_len, const char *content_type,
                     const envelope_limits *limits, envelope *out, char *err, size_t err_len);

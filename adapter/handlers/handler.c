@@ -45,7 +45,7 @@ apply_status handler_prepare_all(handler_call *call)
     case CONFIG_HANDLER_SQL:
         return sql_handler_prepare_all(call);
     case CONFIG_HANDLER_PLUGIN:
-        return APPLY_CONTINUE;
+        return APPLY_OK;
     }
     snprintf(call->error, call->error_len, "unknown handler type");
     return APPLY_NON_RETRYABLE;

@@ -4,7 +4,7 @@
  *
  * The store opens the transaction and inserts the dedup row; the consumer's handler then applies
  * the business update on the same connection and reports an apply_status with a reason. The store
- * commits on APPLY_CONTINUE / APPLY_STATE_NOOP and rolls back otherwise, so a failed business
+ * commits on APPLY_OK / APPLY_STATE_NOOP and rolls back otherwise, so a failed business
  * step never leaves a dedup row behind. Handlers may keep per-connection state (prepared
  * statements) in *state; it is released before the connection closes. Handlers: state_machine
  * (handlers/state_machine.h), sql (handlers/sql.h) and plugin (handlers/plugin.h). They talk to
@@ -19,7 +19,7 @@
  * machine transition's, a sql handler's, a plugin's host->emit); a message whose emit cannot be
  * built (a field it lacks) fails non-retryable with the reason, and nothing of it is applied.
  *
- * Errors: apply and prepare functions return an apply_status: APPLY_CONTINUE when the step
+ * Errors: apply and prepare functions return an apply_status: APPLY_OK when the step
  * succeeded, APPLY_STATE_NOOP for an idempotent success, otherwise the failure with its reason
  * in call->error (and call->mysql_errno when a MySQL error decided it).
  * Thread affinity: the DB worker that owns db.
@@ -38,21 +38,12 @@
 
 struct outbox_writer;
 
-/*
- * "Go on": what a step inside the transaction returns when it succeeded — a handler whose
- * business update is done (the store then commits), a statement prepared, the dedup row
- * inserted. It has the value of APPLY_COMMITTED because apply_status (policy/outcome.h) has no
- * value of its own for it, but it promises nothing was committed yet: only the store's COMMIT
- * turns it into APPLY_COMMITTED, the status a job reports.
- */
-#define APPLY_CONTINUE APPLY_COMMITTED
-
 typedef struct handler_call {
     MYSQL *db;                          /* borrowed; a transaction is open */
     const config_consumer *consumer;    /* borrowed */
     const envelope *env;                /* borrowed */
     void **state;                       /* this worker's slot for this consumer, handler-owned */
-    char *error;                        /* reason for anything but APPLY_CONTINUE */
+    char *error;                        /* reason for anything but APPLY_OK */
     size_t error_len;
     unsigned int mysql_errno;           /* set when a MySQL error decided the status */
     const void *body;                   /* borrowed raw message body; may be NULL */
@@ -84,7 +75,7 @@ static inline size_t handler_batch_size_class(size_t n, size_t *padded)
 /* One message of handler_apply_batch. */
 typedef struct handler_batch_item {
     const envelope *env;       /* borrowed */
-    apply_status status;       /* out: APPLY_CONTINUE (applied), APPLY_STATE_NOOP, or the
+    apply_status status;       /* out: APPLY_OK (applied), APPLY_STATE_NOOP, or the
                                 * message's own failure with its reason in error */
     unsigned int mysql_errno;  /* out: set when a MySQL error decided status */
     char *error;               /* borrowed buffer of error_len bytes */
@@ -98,7 +89,7 @@ bool handler_has_batch_path(const config_consumer *consumer);
  * Applies items[0..n) (1 <= n <= call->batch_max) inside the open transaction, whose dedup rows
  * are already inserted, with the same result for each as handler_apply would give running them
  * one after another in that order. call->env, body and body_len are unused. Never commits or
- * rolls back. Returns APPLY_CONTINUE when every item has its status (its failure included: the
+ * rolls back. Returns APPLY_OK when every item has its status (its failure included: the
  * caller removes the failed items' dedup rows); otherwise the batch failed as a whole — a
  * statement error, or a case the set-based path does not decide — with the reason in
  * call->error, the statuses of the items meaningless, and the caller rolls back (and runs the
@@ -112,9 +103,9 @@ apply_status handler_apply(handler_call *call);
 /*
  * Prepares every statement the handler will run (into its per-connection state, as
  * handler_apply would on first use), executing none: proof that the tables and columns it names
- * exist and are permitted. APPLY_CONTINUE when all prepared; otherwise the classified failure
+ * exist and are permitted. APPLY_OK when all prepared; otherwise the classified failure
  * with the server's message (naming the table or column) in call->error. call->env is unused.
- * A plugin's statements are its own: nothing to prepare, APPLY_CONTINUE.
+ * A plugin's statements are its own: nothing to prepare, APPLY_OK.
  */
 apply_status handler_prepare_all(handler_call *call);
 

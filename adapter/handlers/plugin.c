@@ -120,7 +120,7 @@ apply_status plugin_handler_apply(handler_call *call)
     }
     switch (result) {
     case IDEMQ_OK:
-        return APPLY_CONTINUE;
+        return APPLY_OK;
     case IDEMQ_RETRYABLE:
         status = APPLY_RETRYABLE;
         break;

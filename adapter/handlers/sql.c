@@ -100,7 +100,7 @@ static apply_status prepare(handler_call *call, sql_state *st, size_t index)
         return APPLY_NON_RETRYABLE;
     }
     st->stmts[index] = stmt;
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 /* Runs statement index; on success stores its row count in *rows. */
@@ -108,11 +108,11 @@ static apply_status run_statement(handler_call *call, sql_state *st, size_t inde
                                   unsigned long long *rows)
 {
     const config_sql_statement *cs = &call->consumer->handler.sql.statements[index];
-    apply_status status = APPLY_CONTINUE;
+    apply_status status = APPLY_OK;
     MYSQL_STMT *stmt;
     size_t bound = 0;
 
-    if (!st->stmts[index] && (status = prepare(call, st, index)) != APPLY_CONTINUE)
+    if (!st->stmts[index] && (status = prepare(call, st, index)) != APPLY_OK)
         return status;
     stmt = st->stmts[index];
     for (; bound < cs->param_count; bound++) {
@@ -174,7 +174,7 @@ apply_status sql_handler_apply(handler_call *call)
         const config_sql_statement *s = &cs->statements[i];
         unsigned long long rows = 0;
         apply_status status = run_statement(call, st, i, &rows);
-        if (status != APPLY_CONTINUE)
+        if (status != APPLY_OK)
             return status;
         if (s->expect_rows_set && rows != s->expect_rows) {
             snprintf(call->error, call->error_len, "statement %zu changed %llu rows, expected %u",
@@ -195,7 +195,7 @@ apply_status sql_handler_apply(handler_call *call)
         if (rc != 0)
             return APPLY_NON_RETRYABLE;
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 apply_status sql_handler_prepare_all(handler_call *call)
@@ -207,10 +207,10 @@ apply_status sql_handler_prepare_all(handler_call *call)
     }
     for (size_t i = 0; i < st->stmt_count; i++) {
         apply_status status;
-        if (!st->stmts[i] && (status = prepare(call, st, i)) != APPLY_CONTINUE)
+        if (!st->stmts[i] && (status = prepare(call, st, i)) != APPLY_OK)
             return status;
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 void sql_handler_release(const config_consumer *consumer, void *state)

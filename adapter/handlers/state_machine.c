@@ -92,7 +92,7 @@ static apply_status prepare(handler_call *call, const char *sql, MYSQL_STMT **ou
         snprintf(call->error, call->error_len, "out of memory preparing a statement");
         return APPLY_RETRYABLE;
     }
-    return rc == 0 ? APPLY_CONTINUE : handler_fail(call, "prepare", &error);
+    return rc == 0 ? APPLY_OK : handler_fail(call, "prepare", &error);
 }
 
 static char *build_update_sql(const config_state_machine *sm, const config_transition *tr)
@@ -192,7 +192,7 @@ static apply_status classify_unmatched(handler_call *call, state_machine_stateme
 {
     const config_state_machine *sm = &call->consumer->handler.state_machine;
     apply_status status;
-    if (!stmts->select_state && (status = prepare_select_state(call, stmts)) != APPLY_CONTINUE)
+    if (!stmts->select_state && (status = prepare_select_state(call, stmts)) != APPLY_OK)
         return status;
     MYSQL_STMT *stmt = stmts->select_state;
     MYSQL_BIND param;
@@ -237,14 +237,13 @@ static apply_status classify_unmatched(handler_call *call, state_machine_stateme
     return sm->on_illegal == CONFIG_ON_ILLEGAL_RETRY ? APPLY_RETRYABLE : APPLY_NON_RETRYABLE;
 }
 
-/* The message's transition and row key, or its non-retryable failure in error. */
+/* The message's transition and row key, or its non-retryable failure in err. */
 static apply_status resolve(const config_state_machine *sm, const envelope *env, size_t *index,
-                            const json_t **key, const char **event_name, char *error,
-                            size_t error_len)
+                            const json_t **key, const char **event_name, char *err, size_t err_len)
 {
     const json_t *event = envelope_field(env, sm->event_field);
     if (!json_is_string(event)) {
-        snprintf(error, error_len, "field %s is %s; it must be a string naming the event",
+        snprintf(err, err_len, "field %s is %s; it must be a string naming the event",
                  sm->event_field, event ? "not a string" : "missing");
         return APPLY_NON_RETRYABLE;
     }
@@ -253,15 +252,14 @@ static apply_status resolve(const config_state_machine *sm, const envelope *env,
     while (i < sm->transition_count && strcmp(sm->transitions[i].event, *event_name) != 0)
         i++;
     if (i == sm->transition_count) {
-        snprintf(error, error_len, "event %.64s has no transition in the state machine",
-                 *event_name);
+        snprintf(err, err_len, "event %.64s has no transition in the state machine", *event_name);
         return APPLY_NON_RETRYABLE;
     }
     *index = i;
     *key = envelope_field(env, sm->key_field);
     if (!value_is_key(*key)) {
-        snprintf(error, error_len, "field %s is %s; it must be a string or an integer",
-                 sm->key_field, *key ? "of the wrong type" : "missing");
+        snprintf(err, err_len, "field %s is %s; it must be a string or an integer", sm->key_field,
+                 *key ? "of the wrong type" : "missing");
         return APPLY_NON_RETRYABLE;
     }
     /* A message whose transition emits must carry the emit's fields whether or not the row
@@ -271,33 +269,33 @@ static apply_status resolve(const config_state_machine *sm, const envelope *env,
         for (size_t f = 0; f < tr->emits[e].field_count; f++) {
             const config_emit_field *field = &tr->emits[e].fields[f];
             if (field->from && !envelope_field(env, field->from)) {
-                snprintf(error, error_len,
+                snprintf(err, err_len,
                          "emit %s: the message has no field '%s' (for the outgoing field '%s')",
                          tr->emits[e].name, field->from, field->name);
                 return APPLY_NON_RETRYABLE;
             }
         }
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 /* Adds the rows of tr's emits for env, tagged item: before the UPDATE, so that a row that cannot
  * be built fails the message while nothing of it has run. The caller drops them again when the
  * row does not move. */
 static apply_status add_emits(handler_call *call, const config_transition *tr, const envelope *env,
-                              size_t item, char *error, size_t error_len)
+                              size_t item, char *err, size_t err_len)
 {
     for (size_t e = 0; e < tr->emit_count; e++) {
-        int rc = outbox_writer_add(call->outbox, item, call->consumer, &tr->emits[e], env, error,
-                                   error_len);
+        int rc =
+            outbox_writer_add(call->outbox, item, call->consumer, &tr->emits[e], env, err, err_len);
         if (rc == -ENOMEM) {
-            snprintf(error, error_len, "out of memory");
+            snprintf(err, err_len, "out of memory");
             return APPLY_RETRYABLE;
         }
         if (rc != 0)
             return APPLY_NON_RETRYABLE;
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 static apply_status out_of_memory(handler_call *call)
@@ -314,7 +312,7 @@ apply_status state_machine_apply(handler_call *call)
     const char *event_name;
     apply_status status =
         resolve(sm, call->env, &index, &key, &event_name, call->error, call->error_len);
-    if (status != APPLY_CONTINUE)
+    if (status != APPLY_OK)
         return status;
     const config_transition *tr = &sm->transitions[index];
     state_machine_statements *stmts = statements_for(call);
@@ -326,13 +324,13 @@ apply_status state_machine_apply(handler_call *call)
             return out_of_memory(call);
         status = prepare(call, sql, &stmts->updates[index]);
         free(sql);
-        if (status != APPLY_CONTINUE)
+        if (status != APPLY_OK)
             return status;
     }
 
     if (tr->emit_count &&
         (status = add_emits(call, tr, call->env, call->outbox_item, call->error,
-                            call->error_len)) != APPLY_CONTINUE) {
+                            call->error_len)) != APPLY_OK) {
         outbox_writer_drop_item(call->outbox, call->outbox_item);
         return status;
     }
@@ -366,7 +364,7 @@ apply_status state_machine_apply(handler_call *call)
 out:
     for (size_t i = 0; i < p; i++)
         db_bind_slot_release(&slots[i]);
-    if (status != APPLY_CONTINUE && tr->emit_count)
+    if (status != APPLY_OK && tr->emit_count)
         outbox_writer_drop_item(call->outbox, call->outbox_item); /* the row did not move */
     return status;
 }
@@ -506,7 +504,7 @@ static apply_status read_rows(handler_call *call, batch_scratch *b, size_t key_c
     size_t size, c = handler_batch_size_class(key_count, &size);
     apply_status status;
     if (!b->select_locked[c] &&
-        (status = prepare_select_locked(call, size, &b->select_locked[c])) != APPLY_CONTINUE)
+        (status = prepare_select_locked(call, size, &b->select_locked[c])) != APPLY_OK)
         return status;
     MYSQL_STMT *stmt = b->select_locked[c];
     for (size_t i = 0; i < 2 * size; i++) {
@@ -563,14 +561,14 @@ static apply_status read_rows(handler_call *call, batch_scratch *b, size_t key_c
     if (fetched == 1)
         why = NULL, status = handler_fail_statement(call, "read the batch's rows", stmt);
     else
-        status = APPLY_CONTINUE;
+        status = APPLY_OK;
     mysql_stmt_free_result(stmt);
-    if (status != APPLY_CONTINUE)
+    if (status != APPLY_OK)
         return status;
     if (why)
         return batch_fails(call, why);
     *row_count = rows;
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 /* Whether C can tell, for any collation, that a row in state s does not take this transition
@@ -621,7 +619,7 @@ static size_t decide(const config_state_machine *sm, batch_scratch *b, handler_b
             b->row_setter[r * sm->set_count + j] = -1;
     }
     for (size_t i = 0; i < n; i++) {
-        if (items[i].status != APPLY_CONTINUE || b->deferred[i])
+        if (items[i].status != APPLY_OK || b->deferred[i])
             continue;
         long r = b->row_of_key[b->key_of[i]];
         if (r < 0 || b->row_deferred[r]) {
@@ -684,11 +682,11 @@ static apply_status update_rows(handler_call *call, batch_scratch *b, handler_ba
     if (!set_values_uniform(sm, b, items, moved))
         return batch_fails(call, "values of different types for one column");
     if (!b->update_rows[c] &&
-        (status = prepare_update_rows(call, size, &b->update_rows[c])) != APPLY_CONTINUE)
+        (status = prepare_update_rows(call, size, &b->update_rows[c])) != APPLY_OK)
         return status;
     MYSQL_STMT *stmt = b->update_rows[c];
     size_t p = 0;
-    status = APPLY_CONTINUE;
+    status = APPLY_OK;
     for (size_t i = 0; i < size; i++, p += 2) {
         size_t r = b->changed[i < moved ? i : moved - 1];
         db_bind_string(&b->binds[p], &b->slots[p], b->row_key[r], b->row_key_len[r]);
@@ -751,7 +749,7 @@ static apply_status run_deferred(handler_call *call, batch_scratch *b, handler_b
             return items[i].status == APPLY_UNAVAILABLE ? APPLY_UNAVAILABLE : APPLY_RETRYABLE;
         }
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 apply_status state_machine_apply_batch(handler_call *call, handler_batch_item *items, size_t n)
@@ -772,7 +770,7 @@ apply_status state_machine_apply_batch(handler_call *call, handler_batch_item *i
         items[i].mysql_errno = 0;
         items[i].status = resolve(sm, items[i].env, &b->transition[i], &key, &event_name,
                                   items[i].error, items[i].error_len);
-        if (items[i].status != APPLY_CONTINUE)
+        if (items[i].status != APPLY_OK)
             continue;
         if (key_type >= 0 && key_type != (int)json_typeof(key))
             return batch_fails(call, "keys of different types");
@@ -785,22 +783,22 @@ apply_status state_machine_apply_batch(handler_call *call, handler_batch_item *i
         b->key_of[i] = k;
     }
     if (key_count == 0)
-        return APPLY_CONTINUE;
+        return APPLY_OK;
     size_t rows = 0;
     apply_status status = read_rows(call, b, key_count, &rows);
-    if (status != APPLY_CONTINUE)
+    if (status != APPLY_OK)
         return status;
     size_t moved = decide(sm, b, items, n, rows);
     /* The messages the multi-row UPDATE moves are decided: their emits now, before it runs. */
     for (size_t i = 0; i < n; i++) {
         const config_transition *tr = &sm->transitions[b->transition[i]];
-        if (items[i].status != APPLY_CONTINUE || b->deferred[i] || !tr->emit_count)
+        if (items[i].status != APPLY_OK || b->deferred[i] || !tr->emit_count)
             continue;
         if (add_emits(call, tr, items[i].env, i, items[i].error, items[i].error_len) !=
-            APPLY_CONTINUE)
+            APPLY_OK)
             return batch_fails(call, "an emit could not be built");
     }
-    if (moved > 0 && (status = update_rows(call, b, items, moved)) != APPLY_CONTINUE)
+    if (moved > 0 && (status = update_rows(call, b, items, moved)) != APPLY_OK)
         return status;
     return run_deferred(call, b, items, n);
 }
@@ -819,10 +817,10 @@ apply_status state_machine_prepare_all(handler_call *call)
             return out_of_memory(call);
         apply_status status = prepare(call, sql, &stmts->updates[i]);
         free(sql);
-        if (status != APPLY_CONTINUE)
+        if (status != APPLY_OK)
             return status;
     }
-    return stmts->select_state ? APPLY_CONTINUE : prepare_select_state(call, stmts);
+    return stmts->select_state ? APPLY_OK : prepare_select_state(call, stmts);
 }
 
 void state_machine_release(const config_consumer *consumer, void *state)

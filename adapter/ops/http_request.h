@@ -25,13 +25,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/errors.h"
+
 /* The request head (request line + header fields + blank line) must fit in this many bytes. */
 #define HTTP_HEAD_MAX 8192
 
 /* http_request_feed: the head is complete (a success, like 0). */
 #define HTTP_REQUEST_COMPLETE 1
-/* http_request_feed: the bytes are not a valid request; status and why say how to answer. */
-#define HTTP_REQUEST_E_INVALID (-1)
 
 typedef enum http_method {
     HTTP_METHOD_OTHER, /* any other token: the routes answer 405 */

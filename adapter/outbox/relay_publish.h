@@ -12,7 +12,7 @@
  * unconfirmed row that publishes to it is the one that caused it; the channel is reopened (with
  * confirm.select again) and the rows whose confirms the close swallowed stay RELAY_ROW_UNKNOWN.
  *
- * Errors: 0, or BROKER_E_FAILED (broker/connection.h) when the connection is lost or a confirm
+ * Errors: 0, or BROKER_E_FAILED (util/errors.h) when the connection is lost or a confirm
  * does not come in time: the connection is then already dropped, err says why.
  * Thread affinity: the relay thread (it owns the connection).
  */

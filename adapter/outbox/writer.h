@@ -33,6 +33,7 @@
 #include "config/config.h"
 #include "db/error.h"
 #include "envelope/envelope.h"
+#include "util/errors.h"
 
 #define OUTBOX_KEY_PREFIX "emit-"
 #define OUTBOX_KEY_LEN (sizeof OUTBOX_KEY_PREFIX - 1 + 64)
@@ -42,10 +43,6 @@
 #define OUTBOX_NAME_MAX 64
 #define OUTBOX_EXCHANGE_MAX 255
 #define OUTBOX_ROUTING_KEY_MAX 255
-
-/* outbox_writer_flush: a row is larger than the server's max_allowed_packet (the message's own
- * fault: dead-letter it, with *error's message as the reason). */
-#define OUTBOX_E_TOO_LARGE (-2)
 
 /* Content types of the two formats. */
 #define OUTBOX_CONTENT_TYPE_JSON "application/json"

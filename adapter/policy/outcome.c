@@ -62,7 +62,7 @@ const char *error_class_name(error_class cls)
 
 const char *apply_status_name(apply_status status)
 {
-    static const char *const names[] = {"committed", "duplicate", "state_noop",
-                                        "retryable", "non_retryable", "unavailable"};
-    return (unsigned)status <= APPLY_UNAVAILABLE ? names[status] : "unknown";
+    static const char *const names[] = {"committed", "duplicate",     "state_noop", "retryable",
+                                        "non_retryable", "unavailable", "ok"};
+    return (unsigned)status <= APPLY_OK ? names[status] : "unknown";
 }

@@ -14,14 +14,19 @@
 
 /* What applying one message found. */
 typedef enum apply_status {
-    APPLY_COMMITTED = 0,    /* dedup row and business update committed. Inside the store and the
-                               handlers it also means "no failure, go on" (a step's result:
-                               prepare, dedup insert, probe) before anything is committed. */
+    APPLY_COMMITTED = 0,    /* dedup row and business update committed (a PING or PROBE job:
+                               the database passed) */
     APPLY_DUPLICATE,        /* the unique index said this (biz_key, handler) is done */
     APPLY_STATE_NOOP,       /* state already at the target: committed as an idempotent success */
     APPLY_RETRYABLE,        /* rolled back; the same message may succeed later */
     APPLY_NON_RETRYABLE,    /* rolled back, or never started: it will fail the same way again */
     APPLY_UNAVAILABLE,      /* the database could not be reached or refused writes */
+    /* "Go on": a step inside the store or a handler succeeded (a handler whose business update
+     * is done, a statement prepared, the dedup row inserted, a check passed). Nothing is
+     * committed yet: only the store's COMMIT turns it into APPLY_COMMITTED, so it never leaves
+     * the store as a job's status and never reaches outcome_decide. Last, so that every status
+     * above keeps its value. */
+    APPLY_OK,
 } apply_status;
 
 typedef enum outcome_action {

@@ -1,7 +1,7 @@
 /*
  * batch — see store/batch.h.
  *
- * Bookkeeping: outcome[i] is what job i found inside the open transaction (APPLY_CONTINUE or
+ * Bookkeeping: outcome[i] is what job i found inside the open transaction (APPLY_OK or
  * APPLY_STATE_NOOP: applied, waiting for the COMMIT); final[i] marks a job whose status stands
  * even when the batch as a whole does not commit (the messages a handler's own COMMIT already
  * committed). A batch that commits hands every outcome out; one that is rolled back runs every
@@ -178,7 +178,7 @@ static apply_status run_each(store_session *s, store_batch_state *b, store_job *
             b->outcome[i] = status; /* the failed insert changed nothing */
             continue;
         }
-        if (status != APPLY_CONTINUE)
+        if (status != APPLY_OK)
             return job_failed(s, b, job, status);
         handler_call call = {
             .db = s->db,
@@ -195,17 +195,17 @@ static apply_status run_each(store_session *s, store_batch_state *b, store_job *
         job->mysql_errno = call.mysql_errno;
         if (status == APPLY_UNAVAILABLE)
             return job_failed(s, b, job, status);
-        if (status == APPLY_CONTINUE) {
+        if (status == APPLY_OK) {
             /* Inside the message's savepoint: a failure below undoes its rows with it. */
             size_t emitted = 0;
             apply_status written = store_transaction_write_outbox(s, job, &emitted);
-            if (written != APPLY_CONTINUE)
+            if (written != APPLY_OK)
                 return job_failed(s, b, job, written);
             b->outbox_rows += emitted;
         } else {
             outbox_writer_clear(s->outbox);
         }
-        bool success = status == APPLY_CONTINUE || status == APPLY_STATE_NOOP;
+        bool success = status == APPLY_OK || status == APPLY_STATE_NOOP;
         /* Either way the savepoint must still exist: that is the proof the transaction is still
          * idemq's (store/transaction.h). A failed message is undone back to it. */
         if (mysql_query(s->db, success ? "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT
@@ -316,7 +316,7 @@ static apply_status insert_returning(store_session *s, store_batch_state *b, siz
         b->mysql_errno = 0;
         return abandon(s, APPLY_RETRYABLE);
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 /* The dedup rows, in biz_key order: a fixed lock order, so that concurrent batches holding
@@ -327,26 +327,26 @@ static apply_status insert_dedup_rows(store_session *s, store_batch_state *b, st
     sort_by_biz_key(b->sorted, jobs, n);
     if (s->returning) {
         apply_status status = insert_returning(s, b, n, handler_name);
-        if (status != APPLY_CONTINUE)
+        if (status != APPLY_OK)
             return status;
     } else {
         for (size_t i = 0; i < n; i++) {
             store_job *job = b->sorted[i];
             apply_status status = store_transaction_insert_dedup(s, job, handler_name);
-            if (status != APPLY_CONTINUE && status != APPLY_DUPLICATE)
+            if (status != APPLY_OK && status != APPLY_DUPLICATE)
                 return job_failed(s, b, job, status);
             job->mysql_errno = 0; /* a duplicate's 1062 is not its error */
-            b->inserted[i] = status == APPLY_CONTINUE;
+            b->inserted[i] = status == APPLY_OK;
         }
     }
     for (size_t i = 0; i < n; i++)
         if (!b->inserted[i])
             b->sorted[i]->status = APPLY_DUPLICATE; /* read back into outcome below */
         else
-            b->sorted[i]->status = APPLY_CONTINUE;
+            b->sorted[i]->status = APPLY_OK;
     for (size_t i = 0; i < n; i++)
         b->outcome[i] = jobs[i]->status;
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 /* Deletes the dedup rows of the messages that failed: inserted in this transaction and seen by
@@ -356,11 +356,11 @@ static apply_status delete_failed_rows(store_session *s, store_batch_state *b, s
 {
     size_t failed = 0;
     for (size_t i = 0; i < n; i++)
-        if (b->outcome[i] != APPLY_CONTINUE && b->outcome[i] != APPLY_STATE_NOOP &&
+        if (b->outcome[i] != APPLY_OK && b->outcome[i] != APPLY_STATE_NOOP &&
             b->outcome[i] != APPLY_DUPLICATE)
             b->sorted[failed++] = jobs[i];
     if (failed == 0)
-        return APPLY_CONTINUE;
+        return APPLY_OK;
     size_t size, c = handler_batch_size_class(failed, &size);
     MYSQL_STMT *stmt =
         prepared(s, b, &b->delete_rows[c],
@@ -379,7 +379,7 @@ static apply_status delete_failed_rows(store_session *s, store_batch_state *b, s
         b->mysql_errno = 0;
         return abandon(s, APPLY_RETRYABLE);
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 static apply_status run_set_based(store_session *s, store_batch_state *b, store_job **jobs,
@@ -391,7 +391,7 @@ static apply_status run_set_based(store_session *s, store_batch_state *b, store_
     if (mysql_query(s->db, "SAVEPOINT " TXN_GUARD_SAVEPOINT) != 0)
         return connection_failed(s, b, "savepoint");
     apply_status status = insert_dedup_rows(s, b, jobs, n, consumer->handler_name);
-    if (status != APPLY_CONTINUE)
+    if (status != APPLY_OK)
         return status;
     size_t live = 0;
     for (size_t i = 0; i < n; i++) {
@@ -399,7 +399,7 @@ static apply_status run_set_based(store_session *s, store_batch_state *b, store_
             continue;
         b->items[live] = (handler_batch_item){
             .env = jobs[i]->env,
-            .status = APPLY_CONTINUE,
+            .status = APPLY_OK,
             .error = jobs[i]->error,
             .error_len = sizeof jobs[i]->error,
         };
@@ -416,7 +416,7 @@ static apply_status run_set_based(store_session *s, store_batch_state *b, store_
             .outbox = s->outbox,
         };
         status = handler_apply_batch(&call, b->items, live);
-        if (status != APPLY_CONTINUE) {
+        if (status != APPLY_OK) {
             b->mysql_errno = call.mysql_errno;
             return abandon(s, status);
         }
@@ -424,7 +424,7 @@ static apply_status run_set_based(store_session *s, store_batch_state *b, store_
             size_t i = b->item_job[m];
             b->outcome[i] = b->items[m].status;
             jobs[i]->mysql_errno = b->items[m].mysql_errno;
-            if (b->items[m].status != APPLY_CONTINUE)
+            if (b->items[m].status != APPLY_OK)
                 outbox_writer_drop_item(s->outbox, m);
         }
         db_error error;
@@ -442,7 +442,7 @@ static apply_status run_set_based(store_session *s, store_batch_state *b, store_
             return abandon(s, db_error_classify(b->mysql_errno));
         }
     }
-    if ((status = delete_failed_rows(s, b, jobs, n, consumer->handler_name)) != APPLY_CONTINUE)
+    if ((status = delete_failed_rows(s, b, jobs, n, consumer->handler_name)) != APPLY_OK)
         return status;
     if (mysql_query(s->db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) != 0)
         return connection_failed(s, b, "checking the transaction");
@@ -472,13 +472,13 @@ int store_batch_run(store_session *s, store_job **jobs, size_t n)
         handler_has_batch_path(consumer) ? run_set_based(s, b, jobs, n) : run_each(s, b, jobs, n);
     log_context ctx = {.queue = consumer->queue, .retries = -1};
     if (batch == APPLY_COMMITTED && log_enabled(LOG_LEVEL_DEBUG)) {
-        size_t counts[APPLY_UNAVAILABLE + 1] = {0};
+        size_t counts[APPLY_OK + 1] = {0};
         for (size_t i = 0; i < n; i++)
             counts[b->outcome[i]]++;
         log_debug(&ctx,
                   "batch of %zu messages: one COMMIT (applied %zu, state_noop %zu, deduped %zu, "
                   "failed %zu)",
-                  n, counts[APPLY_CONTINUE], counts[APPLY_STATE_NOOP], counts[APPLY_DUPLICATE],
+                  n, counts[APPLY_OK], counts[APPLY_STATE_NOOP], counts[APPLY_DUPLICATE],
                   counts[APPLY_RETRYABLE] + counts[APPLY_NON_RETRYABLE]);
     } else if (batch == APPLY_RETRYABLE) {
         log_info(&ctx, "batch of %zu messages rolled back as a whole (%s): each runs alone", n,
@@ -489,8 +489,8 @@ int store_batch_run(store_session *s, store_job **jobs, size_t n)
         store_job *job = jobs[i];
         if (batch == APPLY_COMMITTED || b->final[i]) {
             apply_status o = b->outcome[i];
-            job->status = o == APPLY_CONTINUE ? APPLY_COMMITTED : o;
-            if (o == APPLY_CONTINUE || o == APPLY_STATE_NOOP || o == APPLY_DUPLICATE) {
+            job->status = o == APPLY_OK ? APPLY_COMMITTED : o;
+            if (o == APPLY_OK || o == APPLY_STATE_NOOP || o == APPLY_DUPLICATE) {
                 job->error[0] = '\0';
                 job->mysql_errno = 0;
             }

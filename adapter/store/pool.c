@@ -102,9 +102,9 @@ static bool worker_connect(store_worker *w, store_job *job)
 static apply_status check_database(store_worker *w, store_job *job)
 {
     apply_status status = store_session_check_writable(&w->session, job);
-    if (status == APPLY_CONTINUE && job->kind == STORE_JOB_PROBE)
+    if (status == APPLY_OK && job->kind == STORE_JOB_PROBE)
         status = store_session_check_statements(&w->session, job);
-    if (status != APPLY_CONTINUE)
+    if (status != APPLY_OK)
         return status;
     atomic_store(&w->pool->database_down, false);
     return APPLY_COMMITTED;

@@ -86,13 +86,13 @@ apply_status store_session_prepare_dedup_insert(store_session *s, store_job *job
 {
     db_error error;
     if (s->dedup_insert && !fresh)
-        return APPLY_CONTINUE;
+        return APPLY_OK;
     if (s->dedup_insert)
         mysql_stmt_close(s->dedup_insert);
     s->dedup_insert = NULL;
     int rc = db_prepare(s->db, dedup_insert_sql, &s->dedup_insert, &error);
     if (rc == 0)
-        return APPLY_CONTINUE;
+        return APPLY_OK;
     job->mysql_errno = db_error_format(job->error, sizeof job->error,
                                        rc == -ENOMEM ? "dedup insert" : "prepare dedup insert",
                                        &error);
@@ -119,14 +119,14 @@ apply_status store_session_check_writable(store_session *s, store_job *job)
         snprintf(job->error, sizeof job->error, "the database is read-only (@@read_only = 1)");
         return APPLY_UNAVAILABLE;
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 apply_status store_session_check_statements(store_session *s, store_job *job)
 {
     const config *cfg = s->cfg;
     apply_status status = store_session_prepare_dedup_insert(s, job, true);
-    if (status != APPLY_CONTINUE)
+    if (status != APPLY_OK)
         return status;
     for (size_t i = 0; i < cfg->consumer_count; i++) {
         handler_release(&cfg->consumers[i], s->handler_states[i]);
@@ -139,12 +139,12 @@ apply_status store_session_check_statements(store_session *s, store_job *job)
             .error_len = sizeof job->error,
         };
         status = handler_prepare_all(&call);
-        if (status != APPLY_CONTINUE) {
+        if (status != APPLY_OK) {
             job->mysql_errno = call.mysql_errno;
             job->consumer_index = i;
             /* Whatever failed here, messages cannot be applied yet: keep pausing. */
             return APPLY_UNAVAILABLE;
         }
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }

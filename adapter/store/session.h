@@ -7,7 +7,7 @@
  * server accepts writes, and every statement a message will run prepares again.
  *
  * Errors: store_session_init and _connect return 0 or -1 (out of memory; the connect reason in
- * err). Steps that return apply_status return APPLY_CONTINUE (handlers/handler.h) to go on, or
+ * err). Steps that return apply_status return APPLY_OK (handlers/handler.h) to go on, or
  * the classified failure with job->error and job->mysql_errno set.
  * Thread affinity: the worker that owns the session.
  */
@@ -56,13 +56,13 @@ int store_session_connect(store_session *s, const db_dsn *dsn, unsigned *error_n
 void store_session_disconnect(store_session *s);
 
 /* The dedup insert statement: prepared on first use, or again from scratch when fresh. Returns
- * APPLY_CONTINUE with it in s->dedup_insert, or the classified failure. */
+ * APPLY_OK with it in s->dedup_insert, or the classified failure. */
 apply_status store_session_prepare_dedup_insert(store_session *s, store_job *job, bool fresh);
 
 /*
  * The outage probe's first check: the server answers and accepts writes. A read-only server
  * (after a failover, or --read-only) answers pings yet fails every transaction, and resuming on
- * it would only pause again at once. APPLY_CONTINUE or APPLY_UNAVAILABLE.
+ * it would only pause again at once. APPLY_OK or APPLY_UNAVAILABLE.
  */
 apply_status store_session_check_writable(store_session *s, store_job *job);
 
@@ -70,7 +70,7 @@ apply_status store_session_check_writable(store_session *s, store_job *job);
  * The outage probe's second check: every statement a message will run prepares again, from
  * scratch (cached ones are dropped first). After a schema error (a table renamed away, a column
  * dropped, a grant revoked) this is what proves the operator's fix, where a ping would not.
- * APPLY_CONTINUE, or a classified failure (the dedup insert) or APPLY_UNAVAILABLE (a handler's
+ * APPLY_OK, or a classified failure (the dedup insert) or APPLY_UNAVAILABLE (a handler's
  * statement: job->consumer_index says whose).
  */
 apply_status store_session_check_statements(store_session *s, store_job *job);

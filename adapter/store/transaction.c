@@ -32,7 +32,7 @@ apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
                                             const char *handler_name)
 {
     apply_status status = store_session_prepare_dedup_insert(s, job, false);
-    if (status != APPLY_CONTINUE)
+    if (status != APPLY_OK)
         return status;
     MYSQL_BIND params[2];
     db_bind_slot slots[2] = {{0}};
@@ -45,7 +45,7 @@ apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
                                   s->dedup_insert);
         return db_error_classify(job->mysql_errno);
     }
-    return APPLY_CONTINUE;
+    return APPLY_OK;
 }
 
 /* After idemq's transaction ended behind its back and was rolled back: is the dedup row
@@ -97,7 +97,7 @@ apply_status store_transaction_ended(store_session *s, store_job *job, const cha
                  handler_name);
         return APPLY_NON_RETRYABLE;
     }
-    if (status == APPLY_CONTINUE || status == APPLY_STATE_NOOP) {
+    if (status == APPLY_OK || status == APPLY_STATE_NOOP) {
         snprintf(job->error, sizeof job->error,
                  "the handler reported success, but idemq's transaction had been rolled back "
                  "under it (a deadlock or a lock wait timeout with innodb_rollback_on_timeout "
@@ -134,7 +134,7 @@ apply_status store_transaction_run(store_session *s, store_job *job)
     const config_consumer *consumer = &s->cfg->consumers[job->consumer_index];
     outbox_writer_clear(s->outbox);
     apply_status status = store_transaction_insert_dedup(s, job, consumer->handler_name);
-    if (status != APPLY_CONTINUE) {
+    if (status != APPLY_OK) {
         mysql_rollback(s->db);
         return status;
     }
@@ -157,13 +157,13 @@ apply_status store_transaction_run(store_session *s, store_job *job)
     status = handler_apply(&call);
     job->mysql_errno = call.mysql_errno;
     size_t emitted = 0;
-    if (status == APPLY_CONTINUE)
+    if (status == APPLY_OK)
         status = store_transaction_write_outbox(s, job, &emitted);
     else
         outbox_writer_clear(s->outbox);
     if (status != APPLY_UNAVAILABLE)
         status = verify_transaction(s, job, consumer->handler_name, status);
-    if (status != APPLY_CONTINUE && status != APPLY_STATE_NOOP) {
+    if (status != APPLY_OK && status != APPLY_STATE_NOOP) {
         mysql_rollback(s->db);
         return status;
     }
@@ -172,7 +172,7 @@ apply_status store_transaction_run(store_session *s, store_job *job)
     if (mysql_commit(s->db) != 0)
         return store_session_fail(s, job, "commit");
     s->outbox_committed += emitted;
-    return status == APPLY_CONTINUE ? APPLY_COMMITTED : APPLY_STATE_NOOP;
+    return status == APPLY_OK ? APPLY_COMMITTED : APPLY_STATE_NOOP;
 }
 
 apply_status store_transaction_write_outbox(store_session *s, store_job *job, size_t *inserted)
@@ -180,7 +180,7 @@ apply_status store_transaction_write_outbox(store_session *s, store_job *job, si
     db_error error;
     int rc = outbox_writer_flush(s->outbox, s->db, inserted, &error);
     if (rc == 0)
-        return APPLY_CONTINUE;
+        return APPLY_OK;
     if (rc == -ENOMEM) {
         snprintf(job->error, sizeof job->error, "outbox insert: out of memory");
         job->mysql_errno = 0;

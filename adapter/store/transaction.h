@@ -32,13 +32,13 @@
 apply_status store_transaction_run(store_session *s, store_job *job);
 
 /* Inserts job's dedup row (biz_key, handler_name borrowed) in the open transaction:
- * APPLY_CONTINUE when inserted, APPLY_DUPLICATE, or the classified failure (job->error set). A
+ * APPLY_OK when inserted, APPLY_DUPLICATE, or the classified failure (job->error set). A
  * failed insert is undone by the server alone; the transaction goes on unless the failure says
  * otherwise (deadlock, lock wait timeout, connection). */
 apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
                                             const char *handler_name);
 
-/* Inserts the outbox rows s->outbox holds, in the open transaction: APPLY_CONTINUE with their
+/* Inserts the outbox rows s->outbox holds, in the open transaction: APPLY_OK with their
  * number in *inserted, or the classified failure (job->error set; the caller rolls back). */
 apply_status store_transaction_write_outbox(store_session *s, store_job *job, size_t *inserted);
 
