@@ -1,0 +1,153 @@
+/*
+ * table — the one owner of idemq_outbox's SQL: its state values, the statements the writer,
+ * the relay and `idemq outbox` run on it.
+ *
+ * Where each statement lives:
+ *   DDL           store/schema.c (store_outbox_ddl, run by `idemq migrate`), kept identical to
+ *                 schemas/mysql/003_outbox.sql: migrations stay together with msg_dedup's.
+ *   INSERT        OUTBOX_TABLE_INSERT_HEAD / _ROW below, batched by outbox/writer.c.
+ *   relay         outbox/relay_db.c: the pending scan, the marks, the pending count and the
+ *                 retention sweep, each naming its states with the OUTBOX_SQL_* macros below.
+ *   operator      the functions below, for cli/outbox.c: the listing, the per-state counts,
+ *                 the rows named by --id, and retry and purge in chunks.
+ *
+ * A state appears in SQL only through OUTBOX_SQL_PENDING/PUBLISHED/UNROUTABLE, which expand to
+ * the same numbers as the enum, so a statement and the C code cannot disagree about them.
+ *
+ * Errors: the int functions return 0 or -1. After -1, errno is ENOMEM when memory ran out, else
+ * 0 and the failure is the connection's (mysql_errno, mysql_error on db).
+ * Thread affinity: whichever thread owns db; the functions keep no state of their own.
+ */
+#ifndef IDEMQ_OUTBOX_TABLE_H
+#define IDEMQ_OUTBOX_TABLE_H
+
+#include <mysql.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* idemq_outbox.state (schemas/mysql/003_outbox.sql). Both the enum and the SQL text come from
+ * these numbers. */
+#define OUTBOX_STATE_VALUE_PENDING 0
+#define OUTBOX_STATE_VALUE_PUBLISHED 1
+#define OUTBOX_STATE_VALUE_UNROUTABLE 2
+
+typedef enum outbox_state {
+    OUTBOX_ROW_PENDING = OUTBOX_STATE_VALUE_PENDING,       /* not yet published */
+    OUTBOX_ROW_PUBLISHED = OUTBOX_STATE_VALUE_PUBLISHED,   /* confirmed by the broker */
+    OUTBOX_ROW_UNROUTABLE = OUTBOX_STATE_VALUE_UNROUTABLE, /* returned, or no such exchange */
+} outbox_state;
+
+#define OUTBOX_SQL_TEXT_(x) #x
+#define OUTBOX_SQL_TEXT(x) OUTBOX_SQL_TEXT_(x)
+/* The states as SQL literals, for string concatenation: "state = " OUTBOX_SQL_PENDING. */
+#define OUTBOX_SQL_PENDING OUTBOX_SQL_TEXT(OUTBOX_STATE_VALUE_PENDING)
+#define OUTBOX_SQL_PUBLISHED OUTBOX_SQL_TEXT(OUTBOX_STATE_VALUE_PUBLISHED)
+#define OUTBOX_SQL_UNROUTABLE OUTBOX_SQL_TEXT(OUTBOX_STATE_VALUE_UNROUTABLE)
+
+/* The writer's INSERT: the head, then one OUTBOX_TABLE_INSERT_ROW per row, comma-separated; its
+ * parameters in order: source_biz_key, handler_name, emit_name, biz_key, exchange, routing_key,
+ * content_type, body. state, attempts and created_at take their defaults (pending, 0, now). */
+#define OUTBOX_TABLE_INSERT_HEAD                                                                   \
+    "INSERT INTO idemq_outbox (source_biz_key, handler_name, emit_name, biz_key, exchange, "       \
+    "routing_key, content_type, body) VALUES "
+#define OUTBOX_TABLE_INSERT_ROW "(?, ?, ?, ?, ?, ?, ?, ?)"
+#define OUTBOX_TABLE_INSERT_PARAMS 8
+
+/* --------------------------------------------------------------------- for `idemq outbox` */
+
+/* Rows per transaction of retry and purge, and ids per statement of the --id ones. */
+#define OUTBOX_TABLE_CHUNK_ROWS 1000
+
+/* Bit of a selection of states (outbox_table_list's states). */
+#define OUTBOX_STATE_BIT(state) (1u << (state))
+
+/* Whether the table can be read: 0, or -1 (ER_NO_SUCH_TABLE: it is missing). */
+int outbox_table_probe(MYSQL *db);
+
+/* A column's bytes as the server sent them; data NULL for SQL NULL (len 0). Borrowed from the
+ * result: valid only during the callback. */
+typedef struct outbox_bytes {
+    const char *data;
+    size_t len;
+} outbox_bytes;
+
+/* One row of the listing. */
+typedef struct outbox_listed_row {
+    long long id;
+    int state; /* an outbox_state, or a number this idemq does not know */
+    long long attempts;
+    long long age_s;        /* seconds since created_at, on the server's clock */
+    long long created_ms;   /* ms since the epoch */
+    bool published;         /* published_at is set ... */
+    long long published_ms; /* ... to this, in ms since the epoch */
+    outbox_bytes handler_name, emit_name, exchange, routing_key, biz_key, source_biz_key,
+        content_type, last_error, body; /* body: only when the listing asked for it */
+} outbox_listed_row;
+
+typedef struct outbox_list_query {
+    unsigned states; /* OUTBOX_STATE_BIT()s, not 0; all three: every row, also a state this
+                      * idemq does not know */
+    size_t limit;    /* 0: no limit */
+    bool with_body;
+} outbox_list_query;
+
+/* Called for each listed row (borrowed, see outbox_bytes) with the caller's ctx. */
+typedef void (*outbox_list_fn)(const outbox_listed_row *row, void *ctx);
+
+/* The rows of q (borrowed) oldest first (by id), streamed: fn sees each in turn and *shown gets
+ * their number. The result is always read to its end. */
+int outbox_table_list(MYSQL *db, const outbox_list_query *q, outbox_list_fn fn, void *ctx,
+                      size_t *shown);
+
+/* Rows per state over the whole table, from one GROUP BY. */
+typedef struct outbox_state_counts {
+    long long pending, published, unroutable;
+    long long other; /* states this idemq does not know */
+} outbox_state_counts;
+
+int outbox_table_count_states(MYSQL *db, outbox_state_counts *counts);
+
+/* The largest id (0: empty table). */
+int outbox_table_max_id(MYSQL *db, long long *max_id);
+
+/* The states of ids[0..count) (sorted, borrowed), -1 for a missing row, into states[]: one
+ * SELECT, FOR UPDATE when lock (the caller then changes them in the same transaction). */
+int outbox_table_read_states(MYSQL *db, const unsigned long long *ids, size_t count, bool lock,
+                             int *states);
+
+/* Of ids[0..count) (borrowed), the unroutable rows set back to pending, last_error cleared
+ * (attempts kept), one statement in the caller's transaction; *affected gets how many. */
+int outbox_table_requeue_ids(MYSQL *db, const unsigned long long *ids, size_t count,
+                             unsigned long long *affected);
+
+/* Of ids[0..count) (borrowed), the published and unroutable rows deleted (never a pending one),
+ * one statement in the caller's transaction; *affected gets how many. */
+int outbox_table_delete_ids(MYSQL *db, const unsigned long long *ids, size_t count,
+                            unsigned long long *affected);
+
+/* Every unroutable row with an id up to max_id set back to pending (as requeue_ids),
+ * OUTBOX_TABLE_CHUNK_ROWS per committed transaction; *requeued (0 at the start) adds each
+ * committed chunk's rows. On -1 the open chunk is the caller's to roll back. */
+int outbox_table_requeue_unroutable(MYSQL *db, long long max_id, unsigned long long *requeued);
+
+/* What purge --published or --unroutable deletes. */
+typedef struct outbox_purge_query {
+    outbox_state state;  /* OUTBOX_ROW_PUBLISHED or OUTBOX_ROW_UNROUTABLE */
+    bool older_than_set; /* only rows published before the cutoff outbox_table_purge_cutoff set */
+    long long max_id;    /* only rows with ids up to this */
+} outbox_purge_query;
+
+/* Sets the session's purge cutoff to now - older_than_ms (on the server's clock); it outlives
+ * the transactions of the chunks. */
+int outbox_table_purge_cutoff(MYSQL *db, unsigned long long older_than_ms);
+
+/* How many rows q (borrowed) would delete, into *count. */
+int outbox_table_purge_count(MYSQL *db, const outbox_purge_query *q, long long *count);
+
+/* Deletes the rows of q (borrowed), OUTBOX_TABLE_CHUNK_ROWS per committed transaction; *deleted
+ * (0 at the start) adds each committed chunk's rows. On -1 the open chunk is the caller's to
+ * roll back. */
+int outbox_table_purge(MYSQL *db, const outbox_purge_query *q, unsigned long long *deleted);
+
+#endif
