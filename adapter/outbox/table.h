@@ -6,8 +6,9 @@
  *   DDL           store/schema.c (store_outbox_ddl, run by `idemq migrate`), kept identical to
  *                 schemas/mysql/003_outbox.sql: migrations stay together with msg_dedup's.
  *   INSERT        OUTBOX_TABLE_INSERT_HEAD / _ROW below, batched by outbox/writer.c.
- *   relay         outbox/relay_db.c: the pending scan, the marks, the pending count and the
- *                 retention sweep, each naming its states with the OUTBOX_SQL_* macros below.
+ *   relay         OUTBOX_TABLE_FETCH_PENDING_FMT ... _SWEEP_FMT below, run by outbox/relay_db.c
+ *                 (the pending scan, the marks, the pending count, the retention sweep).
+ *                 The lease is another table, idemq_outbox_lease, and relay_db.c's alone.
  *   operator      the functions below, for cli/outbox.c: the listing, the per-state counts,
  *                 the rows named by --id, and retry and purge in chunks.
  *
@@ -21,6 +22,7 @@
 #ifndef IDEMQ_OUTBOX_TABLE_H
 #define IDEMQ_OUTBOX_TABLE_H
 
+#include <inttypes.h>
 #include <mysql.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -53,6 +55,45 @@ typedef enum outbox_state {
     "routing_key, content_type, body) VALUES "
 #define OUTBOX_TABLE_INSERT_ROW "(?, ?, ?, ?, ?, ?, ?, ?)"
 #define OUTBOX_TABLE_INSERT_PARAMS 8
+
+/* ------------------------------------------------------------------------------ the relay */
+
+/* The relay's statements, run by outbox/relay_db.c on its autocommit connection (the values it
+ * splices in: integers it made, strings escaped on that connection). */
+
+/* The oldest pending rows, %u of them; its columns in this order. */
+#define OUTBOX_TABLE_FETCH_PENDING_FMT                                                             \
+    "SELECT id, source_biz_key, handler_name, emit_name, biz_key, exchange, routing_key, "         \
+    "content_type, body, UNIX_TIMESTAMP(created_at) FROM idemq_outbox WHERE state "                \
+    "= " OUTBOX_SQL_PENDING " ORDER BY id LIMIT %u"
+
+/* Published rows: the head of a statement ended by the ids, comma-separated, and ")". */
+#define OUTBOX_TABLE_MARK_PUBLISHED_HEAD                                                           \
+    "UPDATE idemq_outbox SET state = " OUTBOX_SQL_PUBLISHED ", published_at = NOW(3) WHERE id IN " \
+    "("
+#define OUTBOX_TABLE_DELETE_PUBLISHED_HEAD "DELETE FROM idemq_outbox WHERE id IN ("
+
+/* One pending row (id %" PRId64 ") returned or refused: unroutable, with the error '%s'. */
+#define OUTBOX_TABLE_MARK_UNROUTABLE_FMT                                                           \
+    "UPDATE idemq_outbox SET state = " OUTBOX_SQL_UNROUTABLE                                       \
+    ", attempts = attempts + 1, last_error = '%s' WHERE id = %" PRId64                             \
+    " AND state = " OUTBOX_SQL_PENDING
+
+/* One pending row nacked: it stays pending, with the error '%s'. */
+#define OUTBOX_TABLE_MARK_NACKED_FMT                                                               \
+    "UPDATE idemq_outbox SET attempts = attempts + 1, last_error = '%s' WHERE id = %" PRId64       \
+    " AND state = " OUTBOX_SQL_PENDING
+
+/* The pending rows and the age of the oldest in microseconds, on the server's clock. */
+#define OUTBOX_TABLE_COUNT_PENDING                                                                 \
+    "SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(3)) FROM idemq_outbox "      \
+    "WHERE state = " OUTBOX_SQL_PENDING
+
+/* Retention: published rows older than %" PRIu64 " microseconds, at most %d of them. */
+#define OUTBOX_TABLE_SWEEP_FMT                                                                     \
+    "DELETE FROM idemq_outbox WHERE state = " OUTBOX_SQL_PUBLISHED                                 \
+    " AND published_at < NOW(3) - INTERVAL %" PRIu64 " MICROSECOND ORDER BY published_at "         \
+    "LIMIT %d"
 
 /* --------------------------------------------------------------------- for `idemq outbox` */
 
