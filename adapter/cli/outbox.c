@@ -37,8 +37,6 @@
 #include "db/connect.h"
 #include "outbox/table.h"
 
-#define CHUNK_ROWS OUTBOX_TABLE_CHUNK_ROWS
-
 /* ------------------------------------------------------------------------------------ options */
 
 int cli_outbox_parse_states(const char *text, unsigned *states)
@@ -545,8 +543,8 @@ static size_t unique_ids(const outbox_options *opts, unsigned long long **out)
     return n;
 }
 
-/* Reports a failure of outbox_table_read_states or of a change by id, and rolls the chunk back.
- * Returns 1. */
+/* Reports a failure of an outbox_table_* call that changes rows (errno ENOMEM: out of memory),
+ * and rolls the open chunk back. Returns 1. */
 static int fail_ids(MYSQL *db, const char *cmd, const char *doing)
 {
     if (errno == ENOMEM) {
@@ -591,78 +589,66 @@ static int print_retry_result(const outbox_options *opts, unsigned long long req
     return base;
 }
 
+/* What retry --id and purge --id report about the rows they leave alone. */
+typedef struct ids_report {
+    const char *cmd;
+    json_t *left_alone;           /* {"id", "state"} of each */
+    int exit_code;                /* 1 once a named row was left alone */
+    unsigned long long deletable; /* purge: the published and unroutable rows */
+} ids_report;
+
+static void retry_id_seen(unsigned long long id, int state, void *ctx)
+{
+    ids_report *r = ctx;
+    const char *cmd = r->cmd;
+    char buf[32];
+    if (state == OUTBOX_ROW_UNROUTABLE)
+        return;
+    r->exit_code = 1; /* the caller asked for a row that was not requeued */
+    note_left_alone(r->left_alone, id, state);
+    if (state < 0)
+        fprintf(stderr, "%s: id %llu: no such row\n", cmd, id);
+    else if (state == OUTBOX_ROW_PENDING)
+        fprintf(stderr,
+                "%s: id %llu is pending (not yet published): left alone; only "
+                "unroutable rows are retried\n",
+                cmd, id);
+    else if (state == OUTBOX_ROW_PUBLISHED)
+        fprintf(stderr,
+                "%s: id %llu was published: left alone, it is not sent again; only "
+                "unroutable rows are retried\n",
+                cmd, id);
+    else
+        fprintf(stderr,
+                "%s: id %llu has %s: left alone; only unroutable rows are "
+                "retried\n",
+                cmd, id, state_word(state, buf, sizeof buf));
+}
+
 /* retry --id: each chunk's rows locked, the unroutable ones set back to pending, committed. */
 static int retry_ids(MYSQL *db, const outbox_options *opts)
 {
-    const char *cmd = "idemq outbox retry";
+    ids_report r = {.cmd = "idemq outbox retry", .left_alone = json_array()};
     unsigned long long *ids;
     size_t count = unique_ids(opts, &ids);
-    int *states = ids ? malloc(CHUNK_ROWS * sizeof *states) : NULL;
-    json_t *left_alone = json_array();
-    if (!states || !left_alone) {
+    if (!ids || !r.left_alone) {
         free(ids);
-        free(states);
-        json_decref(left_alone);
-        fprintf(stderr, "%s: out of memory\n", cmd);
+        json_decref(r.left_alone);
+        fprintf(stderr, "%s: out of memory\n", r.cmd);
         return 1;
     }
     unsigned long long requeued = 0;
-    int exit_code = 0;
-    bool failed = false;
-    for (size_t start = 0; start < count && !failed; start += CHUNK_ROWS) {
-        size_t n = count - start < CHUNK_ROWS ? count - start : CHUNK_ROWS;
-        unsigned long long affected = 0;
-        if (outbox_table_read_states(db, ids + start, n, true, states) != 0) {
-            failed = true;
-            fail_ids(db, cmd, "reading the rows");
-            break;
-        }
-        if (outbox_table_requeue_ids(db, ids + start, n, &affected) != 0) {
-            failed = true;
-            fail_ids(db, cmd, "requeueing the rows");
-            break;
-        }
-        if (mysql_commit(db) != 0) {
-            failed = true;
-            fail(db, cmd, "committing");
-            break;
-        }
-        requeued += affected;
-        for (size_t i = 0; i < n; i++) {
-            unsigned long long id = ids[start + i];
-            char buf[32];
-            if (states[i] == OUTBOX_ROW_UNROUTABLE)
-                continue;
-            exit_code = 1; /* the caller asked for a row that was not requeued */
-            note_left_alone(left_alone, id, states[i]);
-            if (states[i] < 0)
-                fprintf(stderr, "%s: id %llu: no such row\n", cmd, id);
-            else if (states[i] == OUTBOX_ROW_PENDING)
-                fprintf(stderr,
-                        "%s: id %llu is pending (not yet published): left alone; only "
-                        "unroutable rows are retried\n",
-                        cmd, id);
-            else if (states[i] == OUTBOX_ROW_PUBLISHED)
-                fprintf(stderr,
-                        "%s: id %llu was published: left alone, it is not sent again; only "
-                        "unroutable rows are retried\n",
-                        cmd, id);
-            else
-                fprintf(stderr,
-                        "%s: id %llu has %s: left alone; only unroutable rows are "
-                        "retried\n",
-                        cmd, id, state_word(states[i], buf, sizeof buf));
-        }
-    }
+    const char *doing = "";
+    int rc = outbox_table_retry_ids(db, ids, count, retry_id_seen, &r, &requeued, &doing);
     free(ids);
-    free(states);
-    if (failed) {
-        json_decref(left_alone); /* reported */
+    if (rc != 0) {
+        fail_ids(db, r.cmd, doing);
+        json_decref(r.left_alone); /* reported */
         if (requeued)
-            fprintf(stderr, "%s: %llu row(s) were requeued before the failure\n", cmd, requeued);
+            fprintf(stderr, "%s: %llu row(s) were requeued before the failure\n", r.cmd, requeued);
         return 1;
     }
-    return print_retry_result(opts, requeued, left_alone, exit_code);
+    return print_retry_result(opts, requeued, r.left_alone, r.exit_code);
 }
 
 /* retry --unroutable: every unroutable row up to the largest id at the start. */
@@ -773,77 +759,52 @@ static int purge_rows(MYSQL *db, const outbox_options *opts)
     return print_purge_result(opts, what, deleted, NULL, 0);
 }
 
+static void purge_id_seen(unsigned long long id, int state, void *ctx)
+{
+    ids_report *r = ctx;
+    const char *cmd = r->cmd;
+    if (state == OUTBOX_ROW_PUBLISHED || state == OUTBOX_ROW_UNROUTABLE) {
+        r->deletable++;
+        return;
+    }
+    r->exit_code = 1;
+    note_left_alone(r->left_alone, id, state);
+    if (state < 0)
+        fprintf(stderr, "%s: id %llu: no such row\n", cmd, id);
+    else if (state == OUTBOX_ROW_PENDING)
+        fprintf(stderr, "%s: id %llu is pending: not purged (%s)\n", cmd, id, never_pending);
+    else
+        fprintf(stderr, "%s: id %llu has state %d: not purged\n", cmd, id, state);
+}
+
 /* purge --id: the named rows that are published or unroutable. */
 static int purge_ids(MYSQL *db, const outbox_options *opts)
 {
-    const char *cmd = "idemq outbox purge";
+    ids_report r = {.cmd = "idemq outbox purge", .left_alone = json_array()};
     unsigned long long *ids;
     size_t count = unique_ids(opts, &ids);
-    int *states = ids ? malloc(CHUNK_ROWS * sizeof *states) : NULL;
-    json_t *left_alone = json_array();
-    if (!states || !left_alone) {
+    if (!ids || !r.left_alone) {
         free(ids);
-        free(states);
-        json_decref(left_alone);
-        fprintf(stderr, "%s: out of memory\n", cmd);
+        json_decref(r.left_alone);
+        fprintf(stderr, "%s: out of memory\n", r.cmd);
         return 1;
     }
-    unsigned long long deletable = 0, deleted = 0;
-    int exit_code = 0;
-    bool failed = false;
-    for (size_t start = 0; start < count && !failed; start += CHUNK_ROWS) {
-        size_t n = count - start < CHUNK_ROWS ? count - start : CHUNK_ROWS;
-        if (outbox_table_read_states(db, ids + start, n, opts->yes, states) != 0) {
-            failed = true;
-            fail_ids(db, cmd, "reading the rows");
-            break;
-        }
-        for (size_t i = 0; i < n; i++) {
-            unsigned long long id = ids[start + i];
-            if (states[i] == OUTBOX_ROW_PUBLISHED || states[i] == OUTBOX_ROW_UNROUTABLE) {
-                deletable++;
-                continue;
-            }
-            exit_code = 1;
-            note_left_alone(left_alone, id, states[i]);
-            if (states[i] < 0)
-                fprintf(stderr, "%s: id %llu: no such row\n", cmd, id);
-            else if (states[i] == OUTBOX_ROW_PENDING)
-                fprintf(stderr, "%s: id %llu is pending: not purged (%s)\n", cmd, id,
-                        never_pending);
-            else
-                fprintf(stderr, "%s: id %llu has state %d: not purged\n", cmd, id, states[i]);
-        }
-        if (!opts->yes) {
-            mysql_rollback(db);
-            continue;
-        }
-        unsigned long long affected = 0;
-        if (outbox_table_delete_ids(db, ids + start, n, &affected) != 0) {
-            failed = true;
-            fail_ids(db, cmd, "deleting");
-            break;
-        }
-        if (mysql_commit(db) != 0) {
-            failed = true;
-            fail(db, cmd, "committing");
-            break;
-        }
-        deleted += affected;
-    }
+    unsigned long long deleted = 0;
+    const char *doing = "";
+    int rc = outbox_table_purge_ids(db, ids, count, opts->yes, purge_id_seen, &r, &deleted, &doing);
     free(ids);
-    free(states);
-    if (failed) {
-        json_decref(left_alone);
+    if (rc != 0) {
+        fail_ids(db, r.cmd, doing);
+        json_decref(r.left_alone);
         if (deleted)
-            fprintf(stderr, "%s: %llu row(s) were deleted before the failure\n", cmd, deleted);
+            fprintf(stderr, "%s: %llu row(s) were deleted before the failure\n", r.cmd, deleted);
         return 1;
     }
     if (!opts->yes) {
-        json_decref(left_alone);
-        return refuse_purge(opts, "of the named row(s), published or unroutable", deletable);
+        json_decref(r.left_alone);
+        return refuse_purge(opts, "of the named row(s), published or unroutable", r.deletable);
     }
-    return print_purge_result(opts, "row(s) named by --id", deleted, left_alone, exit_code);
+    return print_purge_result(opts, "row(s) named by --id", deleted, r.left_alone, r.exit_code);
 }
 
 /* ------------------------------------------------------------------------------------ command */

@@ -195,8 +195,10 @@ static char *id_list(const unsigned long long *ids, size_t count)
     return text;
 }
 
-int outbox_table_read_states(MYSQL *db, const unsigned long long *ids, size_t count, bool lock,
-                             int *states)
+/* The states of ids[0..count) (sorted), -1 for a missing row, into states[]: one SELECT, with
+ * FOR UPDATE when lock (the caller then changes them in the same transaction). */
+static int read_states(MYSQL *db, const unsigned long long *ids, size_t count, bool lock,
+                       int *states)
 {
     char *in = id_list(ids, count);
     char *sql = in ? malloc(strlen(in) + 128) : NULL;
@@ -259,21 +261,81 @@ static int run_with_ids(MYSQL *db, const char *head, const unsigned long long *i
 #define REQUEUE_HEAD "UPDATE idemq_outbox SET state = " OUTBOX_SQL_PENDING ", last_error = NULL"
 #define REQUEUE_CONDITION "state = " OUTBOX_SQL_UNROUTABLE
 
-int outbox_table_requeue_ids(MYSQL *db, const unsigned long long *ids, size_t count,
-                             unsigned long long *affected)
+/* Pending rows are never deleted: they are messages not yet sent. */
+#define DELETE_IDS_HEAD                                                                            \
+    "DELETE FROM idemq_outbox WHERE state IN (" OUTBOX_SQL_PUBLISHED ", " OUTBOX_SQL_UNROUTABLE    \
+    ") AND id IN"
+
+int outbox_table_retry_ids(MYSQL *db, const unsigned long long *ids, size_t count, outbox_id_fn fn,
+                           void *ctx, unsigned long long *requeued, const char **doing)
 {
-    return run_with_ids(db, REQUEUE_HEAD " WHERE " REQUEUE_CONDITION " AND id IN", ids, count,
-                        affected);
+    int *states = malloc(CHUNK_ROWS * sizeof *states);
+    if (!states) {
+        *doing = "requeueing the rows";
+        errno = ENOMEM;
+        return -1;
+    }
+    int rc = -1;
+    for (size_t start = 0; start < count; start += CHUNK_ROWS) {
+        size_t n = count - start < CHUNK_ROWS ? count - start : CHUNK_ROWS;
+        unsigned long long affected = 0;
+        *doing = "reading the rows";
+        if (read_states(db, ids + start, n, true, states) != 0)
+            goto out;
+        *doing = "requeueing the rows";
+        if (run_with_ids(db, REQUEUE_HEAD " WHERE " REQUEUE_CONDITION " AND id IN", ids + start, n,
+                         &affected) != 0)
+            goto out;
+        *doing = "committing";
+        errno = 0;
+        if (mysql_commit(db) != 0)
+            goto out;
+        *requeued += affected;
+        for (size_t i = 0; i < n; i++)
+            fn(ids[start + i], states[i], ctx);
+    }
+    rc = 0;
+out:
+    free(states);
+    return rc;
 }
 
-/* Pending rows are never deleted: they are messages not yet sent. */
-int outbox_table_delete_ids(MYSQL *db, const unsigned long long *ids, size_t count,
-                            unsigned long long *affected)
+int outbox_table_purge_ids(MYSQL *db, const unsigned long long *ids, size_t count, bool apply,
+                           outbox_id_fn fn, void *ctx, unsigned long long *deleted,
+                           const char **doing)
 {
-    return run_with_ids(db,
-                        "DELETE FROM idemq_outbox WHERE state IN (" OUTBOX_SQL_PUBLISHED
-                        ", " OUTBOX_SQL_UNROUTABLE ") AND id IN",
-                        ids, count, affected);
+    int *states = malloc(CHUNK_ROWS * sizeof *states);
+    if (!states) {
+        *doing = "reading the rows";
+        errno = ENOMEM;
+        return -1;
+    }
+    int rc = -1;
+    for (size_t start = 0; start < count; start += CHUNK_ROWS) {
+        size_t n = count - start < CHUNK_ROWS ? count - start : CHUNK_ROWS;
+        *doing = "reading the rows";
+        if (read_states(db, ids + start, n, apply, states) != 0)
+            goto out;
+        for (size_t i = 0; i < n; i++)
+            fn(ids[start + i], states[i], ctx);
+        if (!apply) {
+            mysql_rollback(db);
+            continue;
+        }
+        unsigned long long affected = 0;
+        *doing = "deleting";
+        if (run_with_ids(db, DELETE_IDS_HEAD, ids + start, n, &affected) != 0)
+            goto out;
+        *doing = "committing";
+        errno = 0;
+        if (mysql_commit(db) != 0)
+            goto out;
+        *deleted += affected;
+    }
+    rc = 0;
+out:
+    free(states);
+    return rc;
 }
 
 /* ----------------------------------------------------------------------------------- chunks */

@@ -152,20 +152,27 @@ int outbox_table_count_states(MYSQL *db, outbox_state_counts *counts);
 /* The largest id (0: empty table). */
 int outbox_table_max_id(MYSQL *db, long long *max_id);
 
-/* The states of ids[0..count) (sorted, borrowed), -1 for a missing row, into states[]: one
- * SELECT, FOR UPDATE when lock (the caller then changes them in the same transaction). */
-int outbox_table_read_states(MYSQL *db, const unsigned long long *ids, size_t count, bool lock,
-                             int *states);
+/* Called by the --id operations for each id with the state its row had (an outbox_state, a
+ * number this idemq does not know, or -1: no such row); ctx is the caller's. */
+typedef void (*outbox_id_fn)(unsigned long long id, int state, void *ctx);
 
-/* Of ids[0..count) (borrowed), the unroutable rows set back to pending, last_error cleared
- * (attempts kept), one statement in the caller's transaction; *affected gets how many. */
-int outbox_table_requeue_ids(MYSQL *db, const unsigned long long *ids, size_t count,
-                             unsigned long long *affected);
+/* Retries ids[0..count) (sorted, without repeats, borrowed), OUTBOX_TABLE_CHUNK_ROWS per
+ * transaction: a chunk's rows read FOR UPDATE, the unroutable ones set back to pending
+ * (last_error cleared, attempts kept: a pending row is still to be sent and a published one was
+ * confirmed), committed; then fn sees each id of the chunk. *requeued (0 at the start) adds each
+ * committed chunk's rows. On -1 *doing says what failed ("reading the rows", "requeueing the
+ * rows", "committing") and the open chunk is the caller's to roll back. */
+int outbox_table_retry_ids(MYSQL *db, const unsigned long long *ids, size_t count, outbox_id_fn fn,
+                           void *ctx, unsigned long long *requeued, const char **doing);
 
-/* Of ids[0..count) (borrowed), the published and unroutable rows deleted (never a pending one),
- * one statement in the caller's transaction; *affected gets how many. */
-int outbox_table_delete_ids(MYSQL *db, const unsigned long long *ids, size_t count,
-                            unsigned long long *affected);
+/* Purges ids[0..count) (as retry_ids) in chunks: fn sees each id of a chunk once its rows are
+ * read, FOR UPDATE when apply; with apply the published and unroutable ones are then deleted
+ * (never a pending one: it is a message not yet sent) and the chunk committed, without it the
+ * chunk is rolled back. *deleted (0 at the start) adds each committed chunk's rows. On -1
+ * *doing says what failed ("reading the rows", "deleting", "committing"), as retry_ids. */
+int outbox_table_purge_ids(MYSQL *db, const unsigned long long *ids, size_t count, bool apply,
+                           outbox_id_fn fn, void *ctx, unsigned long long *deleted,
+                           const char **doing);
 
 /* Every unroutable row with an id up to max_id set back to pending (as requeue_ids),
  * OUTBOX_TABLE_CHUNK_ROWS per committed transaction; *requeued (0 at the start) adds each
