@@ -64,13 +64,13 @@ typedef enum outbox_state {
 /* The oldest pending rows, %u of them; its columns in this order. */
 #define OUTBOX_TABLE_FETCH_PENDING_FMT                                                             \
     "SELECT id, source_biz_key, handler_name, emit_name, biz_key, exchange, routing_key, "         \
-    "content_type, body, UNIX_TIMESTAMP(created_at) FROM idemq_outbox WHERE state "                \
-    "= " OUTBOX_SQL_PENDING " ORDER BY id LIMIT %u"
+    "content_type, body, UNIX_TIMESTAMP(created_at) FROM idemq_outbox "                            \
+    "WHERE state = " OUTBOX_SQL_PENDING " ORDER BY id LIMIT %u"
 
 /* Published rows: the head of a statement ended by the ids, comma-separated, and ")". */
 #define OUTBOX_TABLE_MARK_PUBLISHED_HEAD                                                           \
-    "UPDATE idemq_outbox SET state = " OUTBOX_SQL_PUBLISHED ", published_at = NOW(3) WHERE id IN " \
-    "("
+    "UPDATE idemq_outbox SET state = " OUTBOX_SQL_PUBLISHED ", published_at = NOW(3) "             \
+    "WHERE id IN ("
 #define OUTBOX_TABLE_DELETE_PUBLISHED_HEAD "DELETE FROM idemq_outbox WHERE id IN ("
 
 /* One pending row (id %" PRId64 ") returned or refused: unroutable, with the error '%s'. */
