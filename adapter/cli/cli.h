@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "config/config.h"
+#include "outbox/table.h"
 
 #define EXIT_USAGE 2
 
@@ -44,10 +45,10 @@ int cli_dlq(const config *cfg, const dlq_options *opts);
 
 typedef enum outbox_action { OUTBOX_LIST, OUTBOX_RETRY, OUTBOX_PURGE } outbox_action;
 
-/* idemq_outbox.state values (schemas/mysql/003_outbox.sql), as bits of outbox_options.states. */
-#define OUTBOX_STATE_PENDING (1u << 0)    /* state 0: not yet published */
-#define OUTBOX_STATE_PUBLISHED (1u << 1)  /* state 1: confirmed by the broker */
-#define OUTBOX_STATE_UNROUTABLE (1u << 2) /* state 2: returned, or its exchange is missing */
+/* idemq_outbox.state values (outbox/table.h), as bits of outbox_options.states. */
+#define OUTBOX_STATE_PENDING OUTBOX_STATE_BIT(OUTBOX_ROW_PENDING)       /* not yet published */
+#define OUTBOX_STATE_PUBLISHED OUTBOX_STATE_BIT(OUTBOX_ROW_PUBLISHED)   /* confirmed by the broker */
+#define OUTBOX_STATE_UNROUTABLE OUTBOX_STATE_BIT(OUTBOX_ROW_UNROUTABLE) /* returned, or no exchange */
 #define OUTBOX_STATE_ALL (OUTBOX_STATE_PENDING | OUTBOX_STATE_PUBLISHED | OUTBOX_STATE_UNROUTABLE)
 
 typedef struct outbox_options {

@@ -1,7 +1,8 @@
 /*
  * outbox — `idemq outbox list|retry|purge`: the operator's view of idemq_outbox
  * (schemas/mysql/003_outbox.sql), the rows handlers write in their transaction and the relay
- * publishes after the COMMIT.
+ * publishes after the COMMIT. This file checks the arguments and prints; the statements, and
+ * how retry and purge walk the table in chunks, are outbox/table.c's.
  *
  * list reads the rows oldest first (by id: the order they were written, and the relay's) and
  * ends with the count of every state from one GROUP BY. Both reads run in one transaction
@@ -9,17 +10,14 @@
  * counts the same snapshot the listing shows.
  *
  * retry and purge change rows the relay may be working on at the same time, so each works in
- * chunks of CHUNK_ROWS rows, one transaction each (short row locks, never one statement over a
- * whole table), and walks only the rows that existed when it started (ids up to the largest one
- * it saw first): a row the relay marks unroutable again while retry runs, or that becomes
- * unroutable during a purge, is left for the next run instead of being chased. A chunk reads its
- * ids without locking and then changes those rows by primary key (walk_chunks), so it never
- * locks a row it does not change, such as a pending row the relay is publishing.
+ * chunks of OUTBOX_TABLE_CHUNK_ROWS rows, one transaction each, and walks only the rows that
+ * existed when it started (ids up to the largest one it saw first): a row the relay marks
+ * unroutable again while retry runs, or that becomes unroutable during a purge, is left for the
+ * next run instead of being chased.
  *
  * Only unroutable rows are retried (set back to pending, last_error cleared, attempts kept): a
  * pending row is still to be sent and a published one was confirmed by the broker, so neither
- * is touched. Pending rows are never purged either: they are messages not yet sent, and every
- * DELETE says `state IN (1, 2)` or narrower.
+ * is touched. Pending rows are never purged either: they are messages not yet sent.
  *
  * Errors: the subcommand's exit code (cli.h); a missing table says to run `idemq migrate`.
  * Blocking, single-threaded: a one-shot tool on the main thread.
@@ -37,12 +35,7 @@
 #include <time.h>
 
 #include "db/connect.h"
-
-/* Rows per transaction of retry and purge (and ids per statement of --id). */
-#define CHUNK_ROWS 1000
-
-/* idemq_outbox.state */
-enum { STATE_PENDING = 0, STATE_PUBLISHED = 1, STATE_UNROUTABLE = 2 };
+#include "outbox/table.h"
 
 /* ------------------------------------------------------------------------------------ options */
 
@@ -121,27 +114,14 @@ static int fail(MYSQL *db, const char *cmd, const char *doing)
 
 /* The first column of the one row of sql as a number (NULL: 0). Returns 0 or -1 (see
  * mysql_error). */
-static int scalar(MYSQL *db, const char *sql, long long *out)
-{
-    if (mysql_query(db, sql) != 0)
-        return -1;
-    MYSQL_RES *res = mysql_store_result(db);
-    if (!res)
-        return -1;
-    MYSQL_ROW row = mysql_fetch_row(res);
-    *out = row && row[0] ? strtoll(row[0], NULL, 10) : 0;
-    mysql_free_result(res);
-    return 0;
-}
-
 static const char *state_word(int state, char *buf, size_t len)
 {
     switch (state) {
-    case STATE_PENDING:
+    case OUTBOX_ROW_PENDING:
         return "pending";
-    case STATE_PUBLISHED:
+    case OUTBOX_ROW_PUBLISHED:
         return "published";
-    case STATE_UNROUTABLE:
+    case OUTBOX_ROW_UNROUTABLE:
         return "unroutable";
     default:
         snprintf(buf, len, "state %d", state);
@@ -318,126 +298,124 @@ static int print_json_line(json_t *obj)
 
 /* -------------------------------------------------------------------------------------- list */
 
-/* The columns of the listing's SELECT, in this order. */
-enum {
-    COL_ID,
-    COL_STATE,
-    COL_ATTEMPTS,
-    COL_AGE,
-    COL_HANDLER,
-    COL_EMIT,
-    COL_EXCHANGE,
-    COL_ROUTING_KEY,
-    COL_BIZ_KEY,
-    COL_SOURCE,
-    COL_CONTENT_TYPE,
-    COL_CREATED_MS,
-    COL_PUBLISHED_MS,
-    COL_LAST_ERROR,
-    COL_BODY, /* --json only */
-};
+/* The fields of the text listing. */
+typedef enum text_field {
+    FIELD_ID,
+    FIELD_STATE,
+    FIELD_AGE,
+    FIELD_ATTEMPTS,
+    FIELD_HANDLER,
+    FIELD_EMIT,
+    FIELD_EXCHANGE,
+    FIELD_ROUTING_KEY,
+    FIELD_BIZ_KEY,
+    FIELD_SOURCE,
+    FIELD_LAST_ERROR,
+} text_field;
 
 /* Text-mode widths, in columns, of the truncated fields. */
 typedef struct text_column {
     const char *title;
-    int col;
+    text_field field;
     size_t width;
 } text_column;
 
 static const text_column text_columns[] = {
-    {"id", COL_ID, 8},
-    {"state", COL_STATE, 10},
-    {"age", COL_AGE, 7},
-    {"attempts", COL_ATTEMPTS, 8},
-    {"handler", COL_HANDLER, 16},
-    {"emit", COL_EMIT, 14},
-    {"exchange", COL_EXCHANGE, 18},
-    {"routing key", COL_ROUTING_KEY, 20},
-    {"biz_key", COL_BIZ_KEY, 24},
-    {"source biz_key", COL_SOURCE, 30},
-    {"last_error", COL_LAST_ERROR, 60},
+    {"id", FIELD_ID, 8},
+    {"state", FIELD_STATE, 10},
+    {"age", FIELD_AGE, 7},
+    {"attempts", FIELD_ATTEMPTS, 8},
+    {"handler", FIELD_HANDLER, 16},
+    {"emit", FIELD_EMIT, 14},
+    {"exchange", FIELD_EXCHANGE, 18},
+    {"routing key", FIELD_ROUTING_KEY, 20},
+    {"biz_key", FIELD_BIZ_KEY, 24},
+    {"source biz_key", FIELD_SOURCE, 30},
+    {"last_error", FIELD_LAST_ERROR, 60},
 };
 #define TEXT_COLUMNS (sizeof text_columns / sizeof text_columns[0])
 
-static void print_text_row(MYSQL_ROW row, const unsigned long *lengths)
+static void print_text_row(const outbox_listed_row *row)
 {
-    char state[32], age[32];
+    char text[32];
     for (size_t i = 0; i < TEXT_COLUMNS; i++) {
         const text_column *c = &text_columns[i];
-        const char *value = row[c->col];
-        size_t len = value ? lengths[c->col] : 0;
-        if (c->col == COL_STATE) {
-            value = state_word(atoi(row[COL_STATE]), state, sizeof state);
-            len = strlen(value);
-        } else if (c->col == COL_AGE) {
-            format_age(row[COL_AGE] ? strtoll(row[COL_AGE], NULL, 10) : 0, age, sizeof age);
-            value = age;
-            len = strlen(age);
+        outbox_bytes value = {text, 0};
+        switch (c->field) {
+        case FIELD_ID:
+            snprintf(text, sizeof text, "%lld", row->id);
+            break;
+        case FIELD_STATE:
+            value.data = state_word(row->state, text, sizeof text);
+            break;
+        case FIELD_AGE:
+            format_age(row->age_s, text, sizeof text);
+            break;
+        case FIELD_ATTEMPTS:
+            snprintf(text, sizeof text, "%lld", row->attempts);
+            break;
+        case FIELD_HANDLER:
+            value = row->handler_name;
+            break;
+        case FIELD_EMIT:
+            value = row->emit_name;
+            break;
+        case FIELD_EXCHANGE:
+            value = row->exchange;
+            break;
+        case FIELD_ROUTING_KEY:
+            value = row->routing_key;
+            break;
+        case FIELD_BIZ_KEY:
+            value = row->biz_key;
+            break;
+        case FIELD_SOURCE:
+            value = row->source_biz_key;
+            break;
+        case FIELD_LAST_ERROR:
+            value = row->last_error;
+            break;
         }
-        print_field(stdout, value, len, c->width, i + 1 == TEXT_COLUMNS);
+        if (value.data == text || c->field == FIELD_STATE)
+            value.len = strlen(value.data); /* formatted here, not the server's bytes */
+        print_field(stdout, value.data, value.len, c->width, i + 1 == TEXT_COLUMNS);
     }
     putchar('\n');
 }
 
-static json_t *row_json(MYSQL_ROW row, const unsigned long *lengths)
+static json_t *row_json(const outbox_listed_row *row)
 {
     char state[32], created[40], published[40];
-    format_time_ms(strtoll(row[COL_CREATED_MS], NULL, 10), created, sizeof created);
-    if (row[COL_PUBLISHED_MS])
-        format_time_ms(strtoll(row[COL_PUBLISHED_MS], NULL, 10), published, sizeof published);
-    json_t *obj = json_pack(
-        "{s:I, s:s, s:I, s:I, s:s, s:s?}", "id", (json_int_t)strtoll(row[COL_ID], NULL, 10),
-        "state", state_word(atoi(row[COL_STATE]), state, sizeof state), "attempts",
-        (json_int_t)strtoll(row[COL_ATTEMPTS], NULL, 10), "age_seconds",
-        (json_int_t)(row[COL_AGE] ? strtoll(row[COL_AGE], NULL, 10) : 0), "created_at", created,
-        "published_at", row[COL_PUBLISHED_MS] ? published : NULL);
+    format_time_ms(row->created_ms, created, sizeof created);
+    if (row->published)
+        format_time_ms(row->published_ms, published, sizeof published);
+    json_t *obj =
+        json_pack("{s:I, s:s, s:I, s:I, s:s, s:s?}", "id", (json_int_t)row->id, "state",
+                  state_word(row->state, state, sizeof state), "attempts",
+                  (json_int_t)row->attempts, "age_seconds", (json_int_t)row->age_s, "created_at",
+                  created, "published_at", row->published ? published : NULL);
     if (!obj)
         return NULL;
-    static const struct {
+    const struct {
         const char *key;
-        int col;
-    } binary[] = {{"handler_name", COL_HANDLER},
-                  {"emit_name", COL_EMIT},
-                  {"exchange", COL_EXCHANGE},
-                  {"routing_key", COL_ROUTING_KEY},
-                  {"biz_key", COL_BIZ_KEY},
-                  {"source_biz_key", COL_SOURCE},
-                  {"content_type", COL_CONTENT_TYPE},
-                  {"last_error", COL_LAST_ERROR},
-                  {"body", COL_BODY}};
+        const outbox_bytes *bytes;
+    } binary[] = {{"handler_name", &row->handler_name},
+                  {"emit_name", &row->emit_name},
+                  {"exchange", &row->exchange},
+                  {"routing_key", &row->routing_key},
+                  {"biz_key", &row->biz_key},
+                  {"source_biz_key", &row->source_biz_key},
+                  {"content_type", &row->content_type},
+                  {"last_error", &row->last_error},
+                  {"body", &row->body}};
     for (size_t i = 0; i < sizeof binary / sizeof binary[0]; i++) {
-        int col = binary[i].col;
-        if (set_bytes(obj, binary[i].key, row[col], row[col] ? lengths[col] : 0, col == COL_BODY) !=
-            0) {
+        const outbox_bytes *b = binary[i].bytes;
+        if (set_bytes(obj, binary[i].key, b->data, b->len, b == &row->body) != 0) {
             json_decref(obj);
             return NULL;
         }
     }
     return obj;
-}
-
-/* The listing's WHERE for opts->states (0: pending and unroutable), into buf. */
-static void state_condition(unsigned states, char *buf, size_t len)
-{
-    if (!states)
-        states = OUTBOX_STATE_PENDING | OUTBOX_STATE_UNROUTABLE;
-    if (states == OUTBOX_STATE_ALL) {
-        buf[0] = '\0'; /* every row, also a state this idemq does not know */
-        return;
-    }
-    size_t n = (size_t)snprintf(buf, len, " WHERE state IN (");
-    const char *sep = "";
-    if (states & OUTBOX_STATE_PENDING) {
-        n += (size_t)snprintf(buf + n, len - n, "%s%d", sep, STATE_PENDING);
-        sep = ", ";
-    }
-    if (states & OUTBOX_STATE_PUBLISHED) {
-        n += (size_t)snprintf(buf + n, len - n, "%s%d", sep, STATE_PUBLISHED);
-        sep = ", ";
-    }
-    if (states & OUTBOX_STATE_UNROUTABLE)
-        n += (size_t)snprintf(buf + n, len - n, "%s%d", sep, STATE_UNROUTABLE);
-    snprintf(buf + n, len - n, ")");
 }
 
 /* "pending and unroutable", for the summary line. */
@@ -466,31 +444,11 @@ static void states_words(unsigned states, char *buf, size_t len)
 /* The summary: rows per state over the whole table, from one GROUP BY. */
 static int print_summary(MYSQL *db, const outbox_options *opts, size_t shown)
 {
-    if (mysql_query(db, "SELECT state, COUNT(*) FROM idemq_outbox GROUP BY state") != 0)
+    outbox_state_counts rows;
+    if (outbox_table_count_states(db, &rows) != 0)
         return fail(db, "idemq outbox list", "counting the rows");
-    MYSQL_RES *res = mysql_store_result(db);
-    if (!res)
-        return fail(db, "idemq outbox list", "counting the rows");
-    long long pending = 0, published = 0, unroutable = 0, other = 0;
-    MYSQL_ROW row;
-    while ((row = mysql_fetch_row(res))) {
-        long long count = strtoll(row[1], NULL, 10);
-        switch (atoi(row[0])) {
-        case STATE_PENDING:
-            pending = count;
-            break;
-        case STATE_PUBLISHED:
-            published = count;
-            break;
-        case STATE_UNROUTABLE:
-            unroutable = count;
-            break;
-        default:
-            other += count;
-            break;
-        }
-    }
-    mysql_free_result(res);
+    long long pending = rows.pending, published = rows.published, unroutable = rows.unroutable,
+              other = rows.other;
     if (opts->json) {
         json_t *counts = json_pack("{s:I, s:I, s:I}", "pending", (json_int_t)pending, "unroutable",
                                    (json_int_t)unroutable, "published", (json_int_t)published);
@@ -517,54 +475,45 @@ static int print_summary(MYSQL *db, const outbox_options *opts, size_t shown)
     return 0;
 }
 
+/* What the listing's callback keeps between rows. */
+typedef struct list_state {
+    const outbox_options *opts;
+    size_t printed; /* rows seen so far */
+    bool oom;
+} list_state;
+
+static void list_row(const outbox_listed_row *row, void *ctx)
+{
+    list_state *ls = ctx;
+    if (ls->opts->json) {
+        if (!ls->oom && print_json_line(row_json(row)) != 0)
+            ls->oom = true; /* keep fetching: the result must be read to its end */
+    } else {
+        if (ls->printed == 0) {
+            for (size_t i = 0; i < TEXT_COLUMNS; i++)
+                print_field(stdout, text_columns[i].title, strlen(text_columns[i].title),
+                            text_columns[i].width, i + 1 == TEXT_COLUMNS);
+            putchar('\n');
+        }
+        print_text_row(row);
+    }
+    ls->printed++;
+}
+
 static int list(MYSQL *db, const outbox_options *opts)
 {
     const char *cmd = "idemq outbox list";
-    char where[64], limit[32] = "", sql[1024];
-    state_condition(opts->states, where, sizeof where);
-    if (opts->limit)
-        snprintf(limit, sizeof limit, " LIMIT %zu", opts->limit);
-    /* Times as the server computes them: age against its clock (the one created_at came
-     * from), the timestamps in ms since the epoch (UNIX_TIMESTAMP reads them in the session's
-     * time zone, the server's default like every idemq session). The body only for --json: it
-     * may be megabytes, and the table has no room for it. */
-    snprintf(sql, sizeof sql,
-             "SELECT id, state, attempts, TIMESTAMPDIFF(SECOND, created_at, NOW(3)), "
-             "handler_name, emit_name, exchange, routing_key, biz_key, source_biz_key, "
-             "content_type, FLOOR(UNIX_TIMESTAMP(created_at) * 1000), "
-             "FLOOR(UNIX_TIMESTAMP(published_at) * 1000), last_error%s "
-             "FROM idemq_outbox%s ORDER BY id%s",
-             opts->json ? ", body" : "", where, limit);
-    if (mysql_query(db, sql) != 0)
-        return fail(db, cmd, "reading idemq_outbox");
-    /* Streamed: a backlog of a million rows is listed without holding it in memory. */
-    MYSQL_RES *res = mysql_use_result(db);
-    if (!res)
-        return fail(db, cmd, "reading idemq_outbox");
+    /* The body only for --json: it may be megabytes, and the table has no room for it. */
+    outbox_list_query q = {
+        .states = opts->states ? opts->states : OUTBOX_STATE_PENDING | OUTBOX_STATE_UNROUTABLE,
+        .limit = opts->limit,
+        .with_body = opts->json,
+    };
+    list_state ls = {.opts = opts};
     size_t shown = 0;
-    bool oom = false;
-    MYSQL_ROW row;
-    while ((row = mysql_fetch_row(res))) {
-        const unsigned long *lengths = mysql_fetch_lengths(res);
-        if (opts->json) {
-            if (!oom && print_json_line(row_json(row, lengths)) != 0)
-                oom = true; /* keep fetching: the result must be read to its end */
-        } else {
-            if (shown == 0) {
-                for (size_t i = 0; i < TEXT_COLUMNS; i++)
-                    print_field(stdout, text_columns[i].title, strlen(text_columns[i].title),
-                                text_columns[i].width, i + 1 == TEXT_COLUMNS);
-                putchar('\n');
-            }
-            print_text_row(row, lengths);
-        }
-        shown++;
-    }
-    bool read_failed = mysql_errno(db) != 0;
-    mysql_free_result(res);
-    if (read_failed)
+    if (outbox_table_list(db, &q, list_row, &ls, &shown) != 0)
         return fail(db, cmd, "reading idemq_outbox");
-    if (oom) {
+    if (ls.oom) {
         fprintf(stderr, "%s: out of memory\n", cmd);
         return 1;
     }
@@ -594,82 +543,8 @@ static size_t unique_ids(const outbox_options *opts, unsigned long long **out)
     return n;
 }
 
-/* "1, 5, 9" for an IN list of ids[0..count); returned owned, NULL when out of memory. */
-static char *id_list(const unsigned long long *ids, size_t count)
-{
-    char *text = malloc(count * 22 + 1);
-    if (!text)
-        return NULL;
-    size_t n = 0;
-    for (size_t i = 0; i < count; i++)
-        n += (size_t)sprintf(text + n, "%s%llu", i ? ", " : "", ids[i]);
-    text[n] = '\0';
-    return text;
-}
-
-/* The states of ids[0..count) (sorted), -1 for a missing row, into states[]: one SELECT, with
- * FOR UPDATE when lock (the caller then changes them in the same transaction). Returns 0 or -1
- * (see mysql_error; errno ENOMEM when out of memory). */
-static int read_states(MYSQL *db, const unsigned long long *ids, size_t count, bool lock,
-                       int *states)
-{
-    char *in = id_list(ids, count);
-    char *sql = in ? malloc(strlen(in) + 128) : NULL;
-    if (!sql) {
-        free(in);
-        errno = ENOMEM;
-        return -1;
-    }
-    sprintf(sql, "SELECT id, state FROM idemq_outbox WHERE id IN (%s) ORDER BY id%s", in,
-            lock ? " FOR UPDATE" : "");
-    free(in);
-    int rc = mysql_query(db, sql);
-    free(sql);
-    MYSQL_RES *res = rc == 0 ? mysql_store_result(db) : NULL;
-    if (!res) {
-        errno = 0;
-        return -1;
-    }
-    for (size_t i = 0; i < count; i++)
-        states[i] = -1;
-    size_t at = 0;
-    MYSQL_ROW row;
-    while ((row = mysql_fetch_row(res))) {
-        unsigned long long id = strtoull(row[0], NULL, 10);
-        while (at < count && ids[at] < id)
-            at++;
-        if (at < count && ids[at] == id)
-            states[at] = atoi(row[1]);
-    }
-    mysql_free_result(res);
-    return 0;
-}
-
-/* Runs the statement `head (ids...)`, head ending in "id IN", with the ids[0..count); *affected
- * gets the rows it changed. Returns 0 or -1 (as read_states). */
-static int run_with_ids(MYSQL *db, const char *head, const unsigned long long *ids, size_t count,
-                        unsigned long long *affected)
-{
-    char *in = id_list(ids, count);
-    char *sql = in ? malloc(strlen(head) + strlen(in) + 4) : NULL;
-    if (!sql) {
-        free(in);
-        errno = ENOMEM;
-        return -1;
-    }
-    sprintf(sql, "%s (%s)", head, in);
-    free(in);
-    int rc = mysql_query(db, sql);
-    free(sql);
-    if (rc != 0) {
-        errno = 0;
-        return -1;
-    }
-    *affected = (unsigned long long)mysql_affected_rows(db);
-    return 0;
-}
-
-/* Reports a failure of read_states or run_with_ids, and rolls the chunk back. Returns 1. */
+/* Reports a failure of an outbox_table_* call that changes rows (errno ENOMEM: out of memory),
+ * and rolls the open chunk back. Returns 1. */
 static int fail_ids(MYSQL *db, const char *cmd, const char *doing)
 {
     if (errno == ENOMEM) {
@@ -690,66 +565,6 @@ static void note_left_alone(json_t *array, unsigned long long id, int state)
         json_array_append_new(
             array, json_pack("{s:I, s:s}", "id", (json_int_t)id, "state",
                              state < 0 ? "missing" : state_word(state, buf, sizeof buf)));
-}
-
-/*
- * Applies `head WHERE condition AND id IN (...)` (head an UPDATE or DELETE of idemq_outbox) to
- * the rows matching condition with ids up to max_id, CHUNK_ROWS per transaction, walking the id
- * forward. Each chunk's ids come from a consistent (non-locking) read, and the statement then
- * locks only those rows by primary key and checks condition again: a plain `DELETE ... WHERE
- * state = 1 ORDER BY id LIMIT 1000` may scan the primary key and, under REPEATABLE READ, lock
- * every row it passes, the relay's pending rows included. A row that stopped matching between
- * the two is left alone. *changed (0 at the start) adds the rows changed by each committed
- * chunk. Returns 0 or -1 (as read_states; the open chunk is rolled back by the caller).
- */
-static int walk_chunks(MYSQL *db, const char *condition, long long max_id, const char *head,
-                       unsigned long long *changed)
-{
-    unsigned long long *ids = malloc(CHUNK_ROWS * sizeof *ids);
-    size_t head_len = strlen(head) + strlen(condition) + 32;
-    char *chunk_head = malloc(head_len);
-    int rc = -1;
-    if (!ids || !chunk_head) {
-        errno = ENOMEM;
-        goto out;
-    }
-    snprintf(chunk_head, head_len, "%s WHERE %s AND id IN", head, condition);
-    long long after = 0;
-    for (;;) {
-        char sql[512];
-        snprintf(sql, sizeof sql,
-                 "SELECT id FROM idemq_outbox WHERE %s AND id > %lld AND id <= %lld ORDER BY id "
-                 "LIMIT %d",
-                 condition, after, max_id, CHUNK_ROWS);
-        errno = 0;
-        if (mysql_query(db, sql) != 0)
-            goto out;
-        MYSQL_RES *res = mysql_store_result(db);
-        if (!res)
-            goto out;
-        size_t n = 0;
-        MYSQL_ROW row;
-        while ((row = mysql_fetch_row(res)) && n < CHUNK_ROWS)
-            ids[n++] = strtoull(row[0], NULL, 10);
-        mysql_free_result(res);
-        if (n == 0)
-            break;
-        unsigned long long affected = 0;
-        if (run_with_ids(db, chunk_head, ids, n, &affected) != 0)
-            goto out;
-        errno = 0;
-        if (mysql_commit(db) != 0)
-            goto out;
-        *changed += affected;
-        after = (long long)ids[n - 1];
-        if (n < CHUNK_ROWS)
-            break;
-    }
-    rc = 0;
-out:
-    free(ids);
-    free(chunk_head);
-    return rc;
 }
 
 /* ------------------------------------------------------------------------------------- retry */
@@ -774,81 +589,66 @@ static int print_retry_result(const outbox_options *opts, unsigned long long req
     return base;
 }
 
+/* What retry --id and purge --id report about the rows they leave alone. */
+typedef struct ids_report {
+    const char *cmd;
+    json_t *left_alone;           /* {"id", "state"} of each */
+    int exit_code;                /* 1 once a named row was left alone */
+    unsigned long long deletable; /* purge: the published and unroutable rows */
+} ids_report;
+
+static void retry_id_seen(unsigned long long id, int state, void *ctx)
+{
+    ids_report *r = ctx;
+    const char *cmd = r->cmd;
+    char buf[32];
+    if (state == OUTBOX_ROW_UNROUTABLE)
+        return;
+    r->exit_code = 1; /* the caller asked for a row that was not requeued */
+    note_left_alone(r->left_alone, id, state);
+    if (state < 0)
+        fprintf(stderr, "%s: id %llu: no such row\n", cmd, id);
+    else if (state == OUTBOX_ROW_PENDING)
+        fprintf(stderr,
+                "%s: id %llu is pending (not yet published): left alone; only "
+                "unroutable rows are retried\n",
+                cmd, id);
+    else if (state == OUTBOX_ROW_PUBLISHED)
+        fprintf(stderr,
+                "%s: id %llu was published: left alone, it is not sent again; only "
+                "unroutable rows are retried\n",
+                cmd, id);
+    else
+        fprintf(stderr,
+                "%s: id %llu has %s: left alone; only unroutable rows are "
+                "retried\n",
+                cmd, id, state_word(state, buf, sizeof buf));
+}
+
 /* retry --id: each chunk's rows locked, the unroutable ones set back to pending, committed. */
 static int retry_ids(MYSQL *db, const outbox_options *opts)
 {
-    const char *cmd = "idemq outbox retry";
+    ids_report r = {.cmd = "idemq outbox retry", .left_alone = json_array()};
     unsigned long long *ids;
     size_t count = unique_ids(opts, &ids);
-    int *states = ids ? malloc(CHUNK_ROWS * sizeof *states) : NULL;
-    json_t *left_alone = json_array();
-    if (!states || !left_alone) {
+    if (!ids || !r.left_alone) {
         free(ids);
-        free(states);
-        json_decref(left_alone);
-        fprintf(stderr, "%s: out of memory\n", cmd);
+        json_decref(r.left_alone);
+        fprintf(stderr, "%s: out of memory\n", r.cmd);
         return 1;
     }
     unsigned long long requeued = 0;
-    int exit_code = 0;
-    bool failed = false;
-    for (size_t start = 0; start < count && !failed; start += CHUNK_ROWS) {
-        size_t n = count - start < CHUNK_ROWS ? count - start : CHUNK_ROWS;
-        unsigned long long affected = 0;
-        if (read_states(db, ids + start, n, true, states) != 0) {
-            failed = true;
-            fail_ids(db, cmd, "reading the rows");
-            break;
-        }
-        if (run_with_ids(db,
-                         "UPDATE idemq_outbox SET state = 0, last_error = NULL "
-                         "WHERE state = 2 AND id IN",
-                         ids + start, n, &affected) != 0) {
-            failed = true;
-            fail_ids(db, cmd, "requeueing the rows");
-            break;
-        }
-        if (mysql_commit(db) != 0) {
-            failed = true;
-            fail(db, cmd, "committing");
-            break;
-        }
-        requeued += affected;
-        for (size_t i = 0; i < n; i++) {
-            unsigned long long id = ids[start + i];
-            char buf[32];
-            if (states[i] == STATE_UNROUTABLE)
-                continue;
-            exit_code = 1; /* the caller asked for a row that was not requeued */
-            note_left_alone(left_alone, id, states[i]);
-            if (states[i] < 0)
-                fprintf(stderr, "%s: id %llu: no such row\n", cmd, id);
-            else if (states[i] == STATE_PENDING)
-                fprintf(stderr,
-                        "%s: id %llu is pending (not yet published): left alone; only "
-                        "unroutable rows are retried\n",
-                        cmd, id);
-            else if (states[i] == STATE_PUBLISHED)
-                fprintf(stderr,
-                        "%s: id %llu was published: left alone, it is not sent again; only "
-                        "unroutable rows are retried\n",
-                        cmd, id);
-            else
-                fprintf(stderr,
-                        "%s: id %llu has %s: left alone; only unroutable rows are "
-                        "retried\n",
-                        cmd, id, state_word(states[i], buf, sizeof buf));
-        }
-    }
+    const char *doing = "";
+    int rc = outbox_table_retry_ids(db, ids, count, retry_id_seen, &r, &requeued, &doing);
     free(ids);
-    free(states);
-    if (failed) {
-        json_decref(left_alone); /* reported */
+    if (rc != 0) {
+        fail_ids(db, r.cmd, doing);
+        json_decref(r.left_alone); /* reported */
         if (requeued)
-            fprintf(stderr, "%s: %llu row(s) were requeued before the failure\n", cmd, requeued);
+            fprintf(stderr, "%s: %llu row(s) were requeued before the failure\n", r.cmd, requeued);
         return 1;
     }
-    return print_retry_result(opts, requeued, left_alone, exit_code);
+    return print_retry_result(opts, requeued, r.left_alone, r.exit_code);
 }
 
 /* retry --unroutable: every unroutable row up to the largest id at the start. */
@@ -856,12 +656,11 @@ static int retry_unroutable(MYSQL *db, const outbox_options *opts)
 {
     const char *cmd = "idemq outbox retry";
     long long max_id;
-    if (scalar(db, "SELECT COALESCE(MAX(id), 0) FROM idemq_outbox", &max_id) != 0)
+    if (outbox_table_max_id(db, &max_id) != 0)
         return fail(db, cmd, "reading idemq_outbox");
     mysql_rollback(db);
     unsigned long long requeued = 0;
-    if (walk_chunks(db, "state = 2", max_id, "UPDATE idemq_outbox SET state = 0, last_error = NULL",
-                    &requeued) != 0) {
+    if (outbox_table_requeue_unroutable(db, max_id, &requeued) != 0) {
         fail_ids(db, cmd, "requeueing the unroutable rows");
         if (requeued)
             fprintf(stderr, "%s: %llu row(s) were requeued before the failure\n", cmd, requeued);
@@ -873,14 +672,6 @@ static int retry_unroutable(MYSQL *db, const outbox_options *opts)
 /* ------------------------------------------------------------------------------------- purge */
 
 static const char never_pending[] = "pending rows are never purged: they are messages not yet sent";
-
-/* What purge --published or --unroutable deletes, into buf: rows of that state (published
- * before @idemq_purge_cutoff, which purge_rows sets first). */
-static void purge_condition(const outbox_options *opts, char *buf, size_t len)
-{
-    snprintf(buf, len, "state = %d%s", opts->published ? STATE_PUBLISHED : STATE_UNROUTABLE,
-             opts->older_than_set ? " AND published_at < @idemq_purge_cutoff" : "");
-}
 
 /* "published row(s) published more than 7d ago", for the messages. */
 static void purge_what(const outbox_options *opts, char *buf, size_t len)
@@ -938,36 +729,28 @@ static int refuse_purge(const outbox_options *opts, const char *what, unsigned l
 static int purge_rows(MYSQL *db, const outbox_options *opts)
 {
     const char *cmd = "idemq outbox purge";
-    char sql[512], condition[160], what[96];
-    purge_condition(opts, condition, sizeof condition);
+    char what[96];
     purge_what(opts, what, sizeof what);
+    outbox_purge_query q = {
+        .state = opts->published ? OUTBOX_ROW_PUBLISHED : OUTBOX_ROW_UNROUTABLE,
+        .older_than_set = opts->older_than_set,
+    };
     /* Fixed at the start, so the chunks delete what the count counted (give or take the rows
-     * the relay changes meanwhile), and a purge never chases rows that arrive while it runs.
-     * The cutoff is a user variable: it outlives the chunks' transactions. One before year 1
-     * is NULL: nothing is that old, and nothing is deleted. */
-    long long max_id;
-    if (scalar(db, "SELECT COALESCE(MAX(id), 0) FROM idemq_outbox", &max_id) != 0)
+     * the relay changes meanwhile), and a purge never chases rows that arrive while it runs. */
+    if (outbox_table_max_id(db, &q.max_id) != 0)
         return fail(db, cmd, "reading idemq_outbox");
-    if (opts->older_than_set) {
-        snprintf(sql, sizeof sql,
-                 "SET @idemq_purge_cutoff = NOW(3) - INTERVAL %llu SECOND - INTERVAL %llu "
-                 "MICROSECOND",
-                 opts->older_than_ms / 1000, opts->older_than_ms % 1000 * 1000);
-        if (mysql_query(db, sql) != 0)
-            return fail(db, cmd, "computing the cutoff");
-    }
+    if (opts->older_than_set && outbox_table_purge_cutoff(db, opts->older_than_ms) != 0)
+        return fail(db, cmd, "computing the cutoff");
     if (!opts->yes) {
         long long count;
-        snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM idemq_outbox WHERE %s AND id <= %lld",
-                 condition, max_id);
-        if (scalar(db, sql, &count) != 0)
+        if (outbox_table_purge_count(db, &q, &count) != 0)
             return fail(db, cmd, "counting the rows");
         mysql_rollback(db);
         return refuse_purge(opts, what, (unsigned long long)count);
     }
     mysql_rollback(db);
     unsigned long long deleted = 0;
-    if (walk_chunks(db, condition, max_id, "DELETE FROM idemq_outbox", &deleted) != 0) {
+    if (outbox_table_purge(db, &q, &deleted) != 0) {
         fail_ids(db, cmd, "deleting");
         if (deleted)
             fprintf(stderr, "%s: %llu row(s) were deleted before the failure\n", cmd, deleted);
@@ -976,78 +759,52 @@ static int purge_rows(MYSQL *db, const outbox_options *opts)
     return print_purge_result(opts, what, deleted, NULL, 0);
 }
 
+static void purge_id_seen(unsigned long long id, int state, void *ctx)
+{
+    ids_report *r = ctx;
+    const char *cmd = r->cmd;
+    if (state == OUTBOX_ROW_PUBLISHED || state == OUTBOX_ROW_UNROUTABLE) {
+        r->deletable++;
+        return;
+    }
+    r->exit_code = 1;
+    note_left_alone(r->left_alone, id, state);
+    if (state < 0)
+        fprintf(stderr, "%s: id %llu: no such row\n", cmd, id);
+    else if (state == OUTBOX_ROW_PENDING)
+        fprintf(stderr, "%s: id %llu is pending: not purged (%s)\n", cmd, id, never_pending);
+    else
+        fprintf(stderr, "%s: id %llu has state %d: not purged\n", cmd, id, state);
+}
+
 /* purge --id: the named rows that are published or unroutable. */
 static int purge_ids(MYSQL *db, const outbox_options *opts)
 {
-    const char *cmd = "idemq outbox purge";
+    ids_report r = {.cmd = "idemq outbox purge", .left_alone = json_array()};
     unsigned long long *ids;
     size_t count = unique_ids(opts, &ids);
-    int *states = ids ? malloc(CHUNK_ROWS * sizeof *states) : NULL;
-    json_t *left_alone = json_array();
-    if (!states || !left_alone) {
+    if (!ids || !r.left_alone) {
         free(ids);
-        free(states);
-        json_decref(left_alone);
-        fprintf(stderr, "%s: out of memory\n", cmd);
+        json_decref(r.left_alone);
+        fprintf(stderr, "%s: out of memory\n", r.cmd);
         return 1;
     }
-    unsigned long long deletable = 0, deleted = 0;
-    int exit_code = 0;
-    bool failed = false;
-    for (size_t start = 0; start < count && !failed; start += CHUNK_ROWS) {
-        size_t n = count - start < CHUNK_ROWS ? count - start : CHUNK_ROWS;
-        if (read_states(db, ids + start, n, opts->yes, states) != 0) {
-            failed = true;
-            fail_ids(db, cmd, "reading the rows");
-            break;
-        }
-        for (size_t i = 0; i < n; i++) {
-            unsigned long long id = ids[start + i];
-            if (states[i] == STATE_PUBLISHED || states[i] == STATE_UNROUTABLE) {
-                deletable++;
-                continue;
-            }
-            exit_code = 1;
-            note_left_alone(left_alone, id, states[i]);
-            if (states[i] < 0)
-                fprintf(stderr, "%s: id %llu: no such row\n", cmd, id);
-            else if (states[i] == STATE_PENDING)
-                fprintf(stderr, "%s: id %llu is pending: not purged (%s)\n", cmd, id,
-                        never_pending);
-            else
-                fprintf(stderr, "%s: id %llu has state %d: not purged\n", cmd, id, states[i]);
-        }
-        if (!opts->yes) {
-            mysql_rollback(db);
-            continue;
-        }
-        unsigned long long affected = 0;
-        if (run_with_ids(db, "DELETE FROM idemq_outbox WHERE state IN (1, 2) AND id IN",
-                         ids + start, n, &affected) != 0) {
-            failed = true;
-            fail_ids(db, cmd, "deleting");
-            break;
-        }
-        if (mysql_commit(db) != 0) {
-            failed = true;
-            fail(db, cmd, "committing");
-            break;
-        }
-        deleted += affected;
-    }
+    unsigned long long deleted = 0;
+    const char *doing = "";
+    int rc = outbox_table_purge_ids(db, ids, count, opts->yes, purge_id_seen, &r, &deleted, &doing);
     free(ids);
-    free(states);
-    if (failed) {
-        json_decref(left_alone);
+    if (rc != 0) {
+        fail_ids(db, r.cmd, doing);
+        json_decref(r.left_alone);
         if (deleted)
-            fprintf(stderr, "%s: %llu row(s) were deleted before the failure\n", cmd, deleted);
+            fprintf(stderr, "%s: %llu row(s) were deleted before the failure\n", r.cmd, deleted);
         return 1;
     }
     if (!opts->yes) {
-        json_decref(left_alone);
-        return refuse_purge(opts, "of the named row(s), published or unroutable", deletable);
+        json_decref(r.left_alone);
+        return refuse_purge(opts, "of the named row(s), published or unroutable", r.deletable);
     }
-    return print_purge_result(opts, "row(s) named by --id", deleted, left_alone, exit_code);
+    return print_purge_result(opts, "row(s) named by --id", deleted, r.left_alone, r.exit_code);
 }
 
 /* ------------------------------------------------------------------------------------ command */
@@ -1070,11 +827,10 @@ int cli_outbox(const config *cfg, const outbox_options *opts)
     }
     int rc;
     /* First, so that a missing table is one clear line before anything else is printed. */
-    if (mysql_query(db, "SELECT 1 FROM idemq_outbox LIMIT 0") != 0) {
+    if (outbox_table_probe(db) != 0) {
         rc = fail(db, cmd, "reading idemq_outbox");
         goto out;
     }
-    mysql_free_result(mysql_store_result(db));
     switch (opts->action) {
     case OUTBOX_LIST:
         rc = list(db, opts);

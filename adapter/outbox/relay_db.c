@@ -1,7 +1,8 @@
 /*
- * relay_db — see relay_db.h. Plain text statements (mysql_query): the values spliced in are
- * integers the relay made and strings escaped with mysql_real_escape_string on this connection
- * (the owner, an error text), so there is no statement to prepare and keep per connection.
+ * relay_db — see relay_db.h. The statements on idemq_outbox are outbox/table.h's; the lease's are
+ * here. Plain text statements (mysql_query): the values spliced in are integers the relay made
+ * and strings escaped with mysql_real_escape_string on this connection (the owner, an error
+ * text), so there is no statement to prepare and keep per connection.
  */
 #include "outbox/relay_db.h"
 
@@ -12,6 +13,7 @@
 
 #include "db/connect.h"
 #include "db/error.h"
+#include "outbox/table.h"
 
 #define SWEEP_LIMIT 1000
 
@@ -118,11 +120,7 @@ int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, c
     char sql[512];
     *rows = NULL;
     *count = 0;
-    snprintf(sql, sizeof sql,
-             "SELECT id, source_biz_key, handler_name, emit_name, biz_key, exchange, routing_key, "
-             "content_type, body, UNIX_TIMESTAMP(created_at) FROM idemq_outbox WHERE state = 0 "
-             "ORDER BY id LIMIT %u",
-             batch);
+    snprintf(sql, sizeof sql, OUTBOX_TABLE_FETCH_PENDING_FMT, batch);
     if (query(db, sql, "reading pending rows", err, err_len) != 0)
         return -1;
     /* Streamed, so a round holds at most RELAY_ROUND_BYTES of bodies however large they are:
@@ -185,15 +183,9 @@ static int mark_one(MYSQL *db, const relay_row *row, char *err, size_t err_len)
         len--;
     escape(db, text, row->error, len);
     if (row->outcome == RELAY_ROW_UNROUTABLE)
-        snprintf(sql, sizeof sql,
-                 "UPDATE idemq_outbox SET state = 2, attempts = attempts + 1, last_error = '%s' "
-                 "WHERE id = %" PRId64 " AND state = 0",
-                 text, row->id);
+        snprintf(sql, sizeof sql, OUTBOX_TABLE_MARK_UNROUTABLE_FMT, text, row->id);
     else
-        snprintf(sql, sizeof sql,
-                 "UPDATE idemq_outbox SET attempts = attempts + 1, last_error = '%s' "
-                 "WHERE id = %" PRId64 " AND state = 0",
-                 text, row->id);
+        snprintf(sql, sizeof sql, OUTBOX_TABLE_MARK_NACKED_FMT, text, row->id);
     return query(db, sql, "marking a row", err, err_len);
 }
 
@@ -212,11 +204,9 @@ int relay_db_mark(MYSQL *db, const relay_row *rows, size_t count, bool delete_pu
             snprintf(err, err_len, "out of memory marking %zu rows", published);
             return -1;
         }
-        size_t n =
-            (size_t)snprintf(sql, cap, "%s",
-                             delete_published ? "DELETE FROM idemq_outbox WHERE id IN ("
-                                              : "UPDATE idemq_outbox SET state = 1, published_at = "
-                                                "NOW(3) WHERE id IN (");
+        size_t n = (size_t)snprintf(sql, cap, "%s",
+                                    delete_published ? OUTBOX_TABLE_DELETE_PUBLISHED_HEAD
+                                                     : OUTBOX_TABLE_MARK_PUBLISHED_HEAD);
         bool first = true;
         for (size_t i = 0; i < count; i++) {
             if (rows[i].outcome != RELAY_ROW_PUBLISHED)
@@ -247,10 +237,7 @@ int relay_db_mark(MYSQL *db, const relay_row *rows, size_t count, bool delete_pu
 
 int relay_db_pending(MYSQL *db, uint64_t *pending, double *oldest_s, char *err, size_t err_len)
 {
-    if (query(db,
-              "SELECT COUNT(*), TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(3)) "
-              "FROM idemq_outbox WHERE state = 0",
-              "counting pending rows", err, err_len) != 0)
+    if (query(db, OUTBOX_TABLE_COUNT_PENDING, "counting pending rows", err, err_len) != 0)
         return -1;
     MYSQL_RES *res = mysql_store_result(db);
     MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
@@ -272,10 +259,7 @@ int relay_db_sweep(MYSQL *db, uint64_t retention_ms, unsigned max_statements, ui
 {
     char sql[512];
     *deleted = 0;
-    snprintf(sql, sizeof sql,
-             "DELETE FROM idemq_outbox WHERE state = 1 AND published_at < NOW(3) - INTERVAL "
-             "%" PRIu64 " MICROSECOND ORDER BY published_at LIMIT %d",
-             retention_ms * 1000, SWEEP_LIMIT);
+    snprintf(sql, sizeof sql, OUTBOX_TABLE_SWEEP_FMT, retention_ms * 1000, SWEEP_LIMIT);
     for (unsigned i = 0; i < max_statements; i++) {
         if (query(db, sql, "retention", err, err_len) != 0)
             return -1;

@@ -1,6 +1,7 @@
 /*
  * relay_db — the relay's SQL (outbox/relay.h): its connection, the lease, the rows of a round and
- * how they are marked, the pending count, the retention sweep. Internal to the relay.
+ * how they are marked, the pending count, the retention sweep; the statements on idemq_outbox
+ * and its states are outbox/table.h's. Internal to the relay.
  *
  * The connection runs in autocommit: every statement here is one transaction of its own (the
  * lease must be visible to the other instances at once; a round's marks need no atomicity beyond
@@ -25,8 +26,8 @@
 /* What the broker said about one row of a round. */
 typedef enum relay_outcome {
     RELAY_ROW_UNKNOWN = 0, /* no confirm (yet): the row stays pending and goes out again */
-    RELAY_ROW_PUBLISHED,   /* acked and not returned: state 1 (or deleted) */
-    RELAY_ROW_UNROUTABLE,  /* returned, or its exchange does not exist: state 2, error */
+    RELAY_ROW_PUBLISHED,   /* acked and not returned: published (or deleted) */
+    RELAY_ROW_UNROUTABLE,  /* returned, or its exchange does not exist: unroutable, error */
     RELAY_ROW_NACKED,      /* nacked: attempts + 1, error, stays pending */
 } relay_outcome;
 
@@ -72,15 +73,15 @@ void relay_rows_free(relay_row *rows, size_t count);
 
 /* What relay_db_mark did. */
 typedef struct relay_mark_result {
-    size_t published;  /* rows marked state 1 (or deleted) */
-    size_t unroutable; /* rows marked state 2 */
+    size_t published;  /* rows marked published (or deleted) */
+    size_t unroutable; /* rows marked unroutable */
     size_t nacked;     /* rows whose attempts went up */
 } relay_mark_result;
 
-/* Marks rows[0..count) by their outcome: PUBLISHED → state 1, published_at NOW(3) (deleted when
- * delete_published), one statement; UNROUTABLE → state 2 with the error; NACKED → attempts + 1
- * with the error; UNKNOWN untouched. *done says what went through, also on failure (the rows
- * marked before it). */
+/* Marks rows[0..count) by their outcome: PUBLISHED → published, published_at NOW(3) (deleted
+ * when delete_published), one statement; UNROUTABLE → unroutable with the error; NACKED →
+ * attempts + 1 with the error; UNKNOWN untouched. *done says what went through, also on failure
+ * (the rows marked before it). */
 int relay_db_mark(MYSQL *db, const relay_row *rows, size_t count, bool delete_published,
                   relay_mark_result *done, char *err, size_t err_len);
 

@@ -17,8 +17,9 @@
 
 #include "db/bind.h"
 #include "db/prepare.h"
+#include "outbox/table.h"
 
-#define INSERT_PARAMS 8
+#define INSERT_PARAMS OUTBOX_TABLE_INSERT_PARAMS
 /* A flush inserts n rows with one statement per set bit of n: rows 2^k at a time, k < 12, so a
  * connection prepares at most 12 statements and a batch of up to 4095 rows takes at most 12 round
  * trips (a batch of 32 messages, one emit each: one). */
@@ -31,10 +32,8 @@
 #define INSERT_BYTES_MAX ((size_t)2 * 1024 * 1024)
 #define INSERT_PARAM_OVERHEAD 9 /* a parameter's length prefix, at most */
 
-static const char insert_head[] =
-    "INSERT INTO idemq_outbox (source_biz_key, handler_name, emit_name, biz_key, exchange, "
-    "routing_key, content_type, body) VALUES ";
-static const char insert_row[] = "(?, ?, ?, ?, ?, ?, ?, ?)";
+static const char insert_head[] = OUTBOX_TABLE_INSERT_HEAD;
+static const char insert_row[] = OUTBOX_TABLE_INSERT_ROW;
 
 /* A span of the arena. */
 typedef struct span {

@@ -24,7 +24,7 @@ const char store_dedup_ddl[] =
     ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
 
 /* Kept identical to schemas/mysql/003_outbox.sql (a unit test compares them); why each column
- * is there: that file. */
+ * is there: that file. The state values and every statement on the table: outbox/table.h. */
 const char store_outbox_ddl[] =
     "CREATE TABLE IF NOT EXISTS idemq_outbox (\n"
     "  id             BIGINT         NOT NULL AUTO_INCREMENT PRIMARY KEY,\n"
