@@ -6,11 +6,14 @@
  * makes two copies of one failure: one from the result that comes back after the connection is
  * gone, one from the redelivery.
  *
- * The failures are slow on purpose: an sql handler whose first statement is DO SLEEP and whose
- * second matches no row (expect_rows 1, on_mismatch dead_letter: non-retryable). With 4 workers
- * and prefetch 10, all 10 deliveries are inside idemq when only idemq's own AMQP connection is
- * closed by the broker (rabbitmqctl close_connection, found by its client port: other suites'
- * connections stay up). Every result of the first connection comes back after it is gone.
+ * The failures wait at a gate on purpose: an sql handler whose first statement updates a row the
+ * test holds locked, and whose second matches no row (expect_rows 1, on_mismatch dead_letter:
+ * non-retryable). With 4 workers and prefetch 10, all 10 deliveries are inside idemq when only
+ * idemq's own AMQP connection is closed by the broker (rabbitmqctl close_connection, found by its
+ * client port: other suites' connections stay up). The test opens the gate only once idemq has
+ * logged the loss, so every result of the first connection comes back after it is gone, however
+ * long rabbitmqctl takes on a loaded machine (a fixed DO SLEEP(3) here once let results come
+ * back before the close).
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -21,7 +24,7 @@
 #include "harness.h"
 
 #define FAILURES 10
-#define SLEEP_SQL "DO SLEEP(3)" /* longer than a reconnect (0.5-0.75 s + setup) */
+#define GATE_SQL "UPDATE copies_gate SET passes = passes + 1 WHERE id = 1"
 #define STALE_LINE "the delivery's connection closed and the broker redelivers it"
 #define DEAD_LETTERED_LINE "\"outcome\":\"dead_lettered\""
 
@@ -45,7 +48,7 @@ static const char slow_failing_handler[] =
     "      type: sql\n"
     "      on_mismatch: dead_letter\n"
     "      statements:\n"
-    "        - sql: \"" SLEEP_SQL "\"\n"
+    "        - sql: \"" GATE_SQL "\"\n"
     "        - sql: \"UPDATE orders SET status = 'SEEN' WHERE order_id = :order_id\"\n"
     "          expect_rows: 1\n";
 
@@ -81,6 +84,14 @@ Test(copies, a_reconnect_while_failures_are_pending_makes_exactly_one_copy_each,
     harness_options o = {.workers = 4, .prefetch = FAILURES, .handler_yaml = slow_failing_handler};
     harness_init(&H, "copies_reconnect", &o);
     h_ready = true;
+    /* The gate: idemq's workers queue behind this lock (its lock wait is at most 20 s). */
+    harness_sql(&H, "CREATE TABLE copies_gate (id INT PRIMARY KEY, passes INT NOT NULL)");
+    harness_sql(&H, "INSERT INTO copies_gate VALUES (1, 0)");
+    MYSQL *gate = harness_db_open(&H);
+    cr_assert(mysql_query(gate, "START TRANSACTION") == 0, "%s", mysql_error(gate));
+    cr_assert(mysql_query(gate, "SELECT passes FROM copies_gate WHERE id = 1 FOR UPDATE") == 0, "%s",
+              mysql_error(gate));
+    mysql_free_result(mysql_store_result(gate));
     harness_start_idemq(&H, "started consuming", 20000, &daemon_pid);
 
     for (int i = 0; i < FAILURES; i++) {
@@ -88,14 +99,14 @@ Test(copies, a_reconnect_while_failures_are_pending_makes_exactly_one_copy_each,
         snprintf(order_id, sizeof order_id, "c%d", i);
         harness_publish_event(&H, order_id, "PAY_SUCCESS", i + 1);
     }
-    /* Every worker is inside DO SLEEP: the first connection's results are all still to come. */
+    /* Every worker waits at the gate: the first connection's results are all still to come. */
     char busy_sql[512];
     snprintf(busy_sql, sizeof busy_sql,
              "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = '%s' AND "
-             "INFO LIKE 'DO SLEEP%%'",
+             "INFO LIKE 'UPDATE copies_gate%%'",
              H.database);
-    long long busy = harness_wait_scalar_at_least(&H, 4, 20000, busy_sql);
-    cr_assert(busy >= 4, "only %lld DB worker(s) in DO SLEEP", busy);
+    long long busy = harness_wait_scalar_at_least(&H, 4, 15000, busy_sql);
+    cr_assert(busy >= 4, "only %lld DB worker(s) at the gate", busy);
     long early_dead_letters = harness_log_count(&H, DEAD_LETTERED_LINE);
     cr_assert_eq(early_dead_letters, 0, "a failure came back before the connection was closed");
 
@@ -103,6 +114,10 @@ Test(copies, a_reconnect_while_failures_are_pending_makes_exactly_one_copy_each,
               "the broker lists no connection of idemq (pid %d)", (int)daemon_pid);
     cr_assert(harness_wait_log(&H, "RabbitMQ connection lost", 1, 10000),
               "idemq did not notice its connection closing");
+    /* The loss is logged after the session dropped the connection: from now on every result of
+     * the first connection is stale. */
+    cr_assert(mysql_query(gate, "COMMIT") == 0, "%s", mysql_error(gate));
+    mysql_close(gate);
     cr_assert(harness_wait_log(&H, "reconnected to RabbitMQ", 1, 20000), "idemq did not reconnect");
 
     /* 10 results of the first connection (stale) and 10 of the redeliveries: 20 failures, of
@@ -156,7 +171,7 @@ Test(copies, a_reconnect_while_failures_are_pending_makes_exactly_one_copy_each,
         cr_assert_eq(seen[i], 1, "order_id:c%d:PAY_SUCCESS has %d DLQ copies", i, seen[i]);
     cr_assert(stale >= 1,
               "no \"%s\" line: the results of the closed connection did not take the stale path "
-              "(make SLEEP_SQL sleep longer)",
+              "(the gate opened too early)",
               STALE_LINE);
     cr_assert_eq(stale, FAILURES, "each failure runs once per connection");
     cr_assert_eq(dead_lettered, FAILURES, "a dead-lettered line only for a confirmed copy");
