@@ -123,9 +123,10 @@ static int send_frames(amqp_connection_state_t conn, const broker_publish *m, si
 int broker_confirms_publish(broker_confirms *c, amqp_connection_state_t conn,
                             const broker_publish *m, broker_publish_cb cb, void *arg, uint64_t *seq)
 {
+    *seq = 0;
     broker_pending_confirm *pc = calloc(1, sizeof *pc);
     if (!pc)
-        return BROKER_E_FAILED;
+        return AMQP_STATUS_NO_MEMORY;
     pc->publish_cb = cb;
     pc->arg = arg;
     pc->key = m->key;
@@ -133,11 +134,10 @@ int broker_confirms_publish(broker_confirms *c, amqp_connection_state_t conn,
     pc->routing_key = copy_bytes(m->routing_key);
     if (!pc->exchange || !pc->routing_key) {
         entry_free(pc);
-        return BROKER_E_FAILED;
+        return AMQP_STATUS_NO_MEMORY;
     }
     append(c, pc);
-    if (seq)
-        *seq = pc->seq;
+    *seq = pc->seq;
     int rc = m->frame_max ? send_frames(conn, m, m->frame_max)
                           : amqp_basic_publish(conn, BROKER_CHANNEL, m->exchange, m->routing_key, 1,
                                                0, m->props, m->body);

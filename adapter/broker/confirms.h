@@ -101,10 +101,11 @@ void broker_confirms_on_unmatched_return(broker_confirms *c, broker_unmatched_re
                                          void *ctx);
 
 /*
- * Registers cb(arg) for the publish m and sends it on BROKER_CHANNEL, mandatory; *seq (unless
- * NULL) gets its number. Returns 0; BROKER_E_FAILED when out of memory (nothing sent, cb never
- * runs); or a negative AMQP_STATUS_* when sending failed: the frames may be half sent, the caller
- * must give the connection up (broker_confirms_fail_all then runs cb with UNKNOWN).
+ * Registers cb(arg) for the publish m and sends it on BROKER_CHANNEL, mandatory; *seq gets its
+ * number. Returns 0, or a negative AMQP_STATUS_*: with *seq 0 when nothing was registered (out of
+ * memory: nothing sent, cb never runs); otherwise sending failed after the registration, the
+ * frames may be half sent and the caller must give the channel up (broker_confirms_fail_all then
+ * runs cb with UNKNOWN).
  */
 int broker_confirms_publish(broker_confirms *c, amqp_connection_state_t conn,
                             const broker_publish *m, broker_publish_cb cb, void *arg,
