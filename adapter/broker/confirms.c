@@ -16,10 +16,9 @@ struct broker_pending_confirm {
     broker_pending_confirm *next;
     uint64_t seq;
     bool returned;
-    broker_confirm_cb cb; /* one of cb and publish_cb */
-    broker_publish_cb publish_cb;
+    broker_publish_cb cb;
     void *arg;
-    /* publish_cb entries: what a return is matched on, and what it said */
+    /* what a return is matched on, and what it said */
     char *exchange, *routing_key; /* owned, NUL-terminated */
     int64_t key;
     broker_return *ret; /* owned; set when returned */
@@ -35,11 +34,7 @@ static void entry_free(broker_pending_confirm *pc)
 
 static void entry_settle(broker_pending_confirm *pc, broker_publish_outcome outcome)
 {
-    if (pc->cb) {
-        pc->cb(pc->arg, outcome == BROKER_PUBLISH_CONFIRMED);
-        return;
-    }
-    pc->publish_cb(pc->arg, outcome, outcome == BROKER_PUBLISH_RETURNED ? pc->ret : NULL);
+    pc->cb(pc->arg, outcome, outcome == BROKER_PUBLISH_RETURNED ? pc->ret : NULL);
 }
 
 void broker_confirms_init(broker_confirms *c)
@@ -69,18 +64,6 @@ static void append(broker_confirms *c, broker_pending_confirm *pc)
         c->head = pc;
     c->tail = pc;
     c->pending++;
-}
-
-int broker_confirms_push(broker_confirms *c, broker_confirm_cb cb, void *arg, uint64_t *seq)
-{
-    broker_pending_confirm *pc = calloc(1, sizeof *pc);
-    if (!pc)
-        return BROKER_E_FAILED;
-    pc->cb = cb;
-    pc->arg = arg;
-    append(c, pc);
-    *seq = pc->seq;
-    return 0;
 }
 
 static char *copy_bytes(amqp_bytes_t b)
@@ -127,7 +110,7 @@ int broker_confirms_publish(broker_confirms *c, amqp_connection_state_t conn,
     broker_pending_confirm *pc = calloc(1, sizeof *pc);
     if (!pc)
         return AMQP_STATUS_NO_MEMORY;
-    pc->publish_cb = cb;
+    pc->cb = cb;
     pc->arg = arg;
     pc->key = m->key;
     pc->exchange = copy_bytes(m->exchange);
@@ -144,24 +127,9 @@ int broker_confirms_publish(broker_confirms *c, amqp_connection_state_t conn,
     return rc == AMQP_STATUS_OK ? 0 : rc;
 }
 
-void broker_confirms_cancel_last(broker_confirms *c)
-{
-    broker_pending_confirm *last = c->tail, *prev = NULL;
-    if (!last)
-        return;
-    for (broker_pending_confirm *pc = c->head; pc != last; pc = pc->next)
-        prev = pc; /* a failure path, and the list is at most prefetch long */
-    if (prev)
-        prev->next = NULL;
-    else
-        c->head = NULL;
-    c->tail = prev;
-    c->pending--;
-    c->next_seq = last->seq;
-    entry_free(last);
-}
-
-void broker_confirms_resolve(broker_confirms *c, uint64_t tag, bool multiple, bool acked)
+/* The broker acked (acked) or nacked publish tag, or every publish up to it (multiple). Unknown
+ * numbers are ignored. */
+static void resolve(broker_confirms *c, uint64_t tag, bool multiple, bool acked)
 {
     broker_pending_confirm **link = &c->head;
     broker_pending_confirm *prev = NULL;
@@ -187,13 +155,6 @@ void broker_confirms_resolve(broker_confirms *c, uint64_t tag, bool multiple, bo
     }
 }
 
-void broker_confirms_mark_returned(broker_confirms *c, uint64_t seq)
-{
-    for (broker_pending_confirm *pc = c->head; pc; pc = pc->next)
-        if (pc->seq == seq)
-            pc->returned = true;
-}
-
 /* The rule of confirms.h: the oldest pending publish after the last returned one, with the
  * return's exchange and routing key (and key, when the channel has a return key). */
 static void match_return(broker_confirms *c, const amqp_basic_properties_t *props)
@@ -201,7 +162,7 @@ static void match_return(broker_confirms *c, const amqp_basic_properties_t *prop
     int64_t key = 0;
     bool has_key = c->return_key && message_header_int(props, c->return_key, &key);
     for (broker_pending_confirm *pc = c->head; pc; pc = pc->next) {
-        if (pc->cb || pc->returned || pc->seq <= c->last_returned)
+        if (pc->returned || pc->seq <= c->last_returned)
             continue;
         if (strcmp(pc->exchange, c->ret.exchange) != 0 ||
             strcmp(pc->routing_key, c->ret.routing_key) != 0)
@@ -244,12 +205,12 @@ int broker_confirms_frame(broker_confirms *c, const amqp_frame_t *frame, char *e
     switch (m->id) {
     case AMQP_BASIC_ACK_METHOD: {
         const amqp_basic_ack_t *a = m->decoded;
-        broker_confirms_resolve(c, a->delivery_tag, a->multiple != 0, true);
+        resolve(c, a->delivery_tag, a->multiple != 0, true);
         return 1;
     }
     case AMQP_BASIC_NACK_METHOD: {
         const amqp_basic_nack_t *n = m->decoded;
-        broker_confirms_resolve(c, n->delivery_tag, n->multiple != 0, false);
+        resolve(c, n->delivery_tag, n->multiple != 0, false);
         return 1;
     }
     case AMQP_BASIC_RETURN_METHOD: {

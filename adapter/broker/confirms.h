@@ -20,9 +20,6 @@
  * number, the relay its outbox id) gets exact matching; without one (the dlq tools republish dead
  * letters unchanged) the order and the route decide.
  *
- * The old entry points (broker_confirm_cb, push/resolve/mark_returned) stay for callers that
- * frame and match their own; both kinds of entry share one numbering.
- *
  * Errors: 0 or BROKER_E_FAILED (connection.h). Thread affinity: the thread that owns the
  * connection; callbacks run on it, from inside these calls.
  */
@@ -36,7 +33,8 @@
 
 #include "broker/assembly.h"
 
-/* Runs once per accepted publish: confirmed is true only for a broker ack without a return. */
+/* What the session's loop side is told of a copy it asked for (broker_publish_copy): true only
+ * for CONFIRMED. */
 typedef void (*broker_confirm_cb)(void *arg, bool confirmed);
 
 typedef enum broker_publish_outcome {
@@ -119,23 +117,8 @@ int broker_confirms_publish(broker_confirms *c, amqp_connection_state_t conn,
  */
 int broker_confirms_frame(broker_confirms *c, const amqp_frame_t *frame, char *err, size_t err_len);
 
-/* Registers cb(arg) for the next publish and returns its number in *seq; send the publish next.
- * Returns 0, or BROKER_E_FAILED when out of memory (nothing registered, cb never runs). */
-int broker_confirms_push(broker_confirms *c, broker_confirm_cb cb, void *arg, uint64_t *seq);
-
-/* Takes back the last push, whose publish could not be sent: its number is reused and its
- * callback never runs. */
-void broker_confirms_cancel_last(broker_confirms *c);
-
-/* The broker acked (acked) or nacked publish tag, or every publish up to it (multiple): runs
- * their callbacks. Unknown numbers are ignored. */
-void broker_confirms_resolve(broker_confirms *c, uint64_t tag, bool multiple, bool acked);
-
-/* The broker returned publish seq as unroutable: its confirm, when it comes, counts as failed. */
-void broker_confirms_mark_returned(broker_confirms *c, uint64_t seq);
-
-/* The channel is gone: runs every pending callback with false (UNKNOWN); numbering restarts at
- * 1, a return half read is dropped. The return key and unmatched hook stay. */
+/* The channel is gone: runs every pending callback with UNKNOWN; numbering restarts at 1, a
+ * return half read is dropped. The return key and unmatched hook stay. */
 void broker_confirms_fail_all(broker_confirms *c);
 
 /* After the broker closed the channel (a channel.close read by the caller): fails what it owed

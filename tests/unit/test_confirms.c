@@ -1,7 +1,7 @@
 /*
- * Unit tests for adapter/broker/confirms: every registered publish gets exactly one callback —
- * true for an ack, false for a nack, a return or a lost channel — in publish order, with
- * "multiple" acks and numbering that a cancelled publish does not consume.
+ * Unit tests for adapter/broker/confirms: every publish gets exactly one callback — confirmed,
+ * nacked, returned or unknown (a lost channel) — in publish order, with "multiple" acks, and each
+ * basic.return is matched to its own publish by the one rule of confirms.h.
  */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
@@ -14,100 +14,9 @@
 
 #define SLOTS 8
 
-static int calls[SLOTS];
-static bool results[SLOTS];
-
-static void on_confirm(void *arg, bool confirmed)
-{
-    int slot = (int)(intptr_t)arg;
-    calls[slot]++;
-    results[slot] = confirmed;
-}
-
-static uint64_t push(broker_confirms *c, int slot)
-{
-    uint64_t seq = 0;
-    cr_assert_eq(broker_confirms_push(c, on_confirm, (void *)(intptr_t)slot, &seq), 0);
-    return seq;
-}
-
-Test(confirms, acks_nacks_and_multiple_resolve_in_publish_order)
-{
-    broker_confirms c;
-    broker_confirms_init(&c);
-    for (int i = 1; i <= 4; i++)
-        cr_expect_eq(push(&c, i), (uint64_t)i);
-    broker_confirms_resolve(&c, 2, false, false); /* nack of 2 alone */
-    cr_expect_eq(calls[1], 0);
-    cr_expect_eq(calls[2], 1);
-    cr_expect(!results[2]);
-    broker_confirms_resolve(&c, 3, true, true); /* ack of everything up to 3 */
-    cr_expect_eq(calls[1], 1);
-    cr_expect(results[1]);
-    cr_expect_eq(calls[3], 1);
-    cr_expect(results[3]);
-    cr_expect_eq(calls[2], 1, "2 was already resolved");
-    cr_expect_eq(c.pending, 1);
-    broker_confirms_resolve(&c, 9, false, true); /* unknown: ignored */
-    broker_confirms_resolve(&c, 4, false, true);
-    cr_expect_eq(calls[4], 1);
-    cr_expect_eq(c.pending, 0);
-    cr_expect_null(c.head);
-    cr_expect_null(c.tail);
-}
-
-Test(confirms, a_returned_publish_is_confirmed_as_failed)
-{
-    broker_confirms c;
-    broker_confirms_init(&c);
-    push(&c, 1);
-    push(&c, 2);
-    broker_confirms_mark_returned(&c, 2);
-    broker_confirms_resolve(&c, 2, true, true);
-    cr_expect(results[1]);
-    cr_expect(!results[2]);
-}
-
-Test(confirms, a_cancelled_push_gives_its_number_back_and_never_calls)
-{
-    broker_confirms c;
-    broker_confirms_init(&c);
-    push(&c, 1);
-    cr_expect_eq(push(&c, 2), 2);
-    broker_confirms_cancel_last(&c);
-    cr_expect_eq(push(&c, 3), 2, "the next publish reuses the number");
-    broker_confirms_cancel_last(&c);
-    broker_confirms_cancel_last(&c);
-    cr_expect_eq(c.pending, 0);
-    cr_expect_eq(push(&c, 4), 1);
-    broker_confirms_resolve(&c, 1, false, true);
-    cr_expect_eq(calls[1] + calls[2] + calls[3], 0);
-    cr_expect_eq(calls[4], 1);
-}
-
-Test(confirms, a_lost_channel_fails_every_pending_publish_once_and_restarts_numbering)
-{
-    broker_confirms c;
-    broker_confirms_init(&c);
-    push(&c, 1);
-    push(&c, 2);
-    push(&c, 3);
-    broker_confirms_resolve(&c, 1, false, true);
-    broker_confirms_fail_all(&c);
-    cr_expect(results[1]);
-    cr_expect_eq(calls[2], 1);
-    cr_expect(!results[2]);
-    cr_expect_eq(calls[3], 1);
-    cr_expect(!results[3]);
-    cr_expect_eq(c.pending, 0);
-    cr_expect_eq(push(&c, 4), 1);
-    broker_confirms_fail_all(&c);
-    cr_expect_eq(calls[4], 1);
-}
-
 /* ---- the publisher core: outcomes and the one return-matching rule ---- */
 
-static int outcome_calls[SLOTS];
+static int calls[SLOTS];
 static broker_publish_outcome outcomes[SLOTS];
 static unsigned return_codes[SLOTS];
 static int unmatched_calls;
@@ -115,7 +24,7 @@ static int unmatched_calls;
 static void on_outcome(void *arg, broker_publish_outcome outcome, const broker_return *ret)
 {
     int slot = (int)(intptr_t)arg;
-    outcome_calls[slot]++;
+    calls[slot]++;
     outcomes[slot] = outcome;
     return_codes[slot] = ret ? ret->reply_code : 0;
 }
@@ -273,9 +182,72 @@ Test(publisher, nacks_and_a_lost_channel_have_their_own_outcomes)
     cr_expect_eq(outcomes[2], BROKER_PUBLISH_UNKNOWN);
     cr_expect_eq(outcomes[3], BROKER_PUBLISH_UNKNOWN, "returned but never confirmed: unknown");
     for (int i = 1; i <= 3; i++)
-        cr_expect_eq(outcome_calls[i], 1);
+        cr_expect_eq(calls[i], 1);
     cr_expect_str_eq(c.return_key, "k", "the return key outlives the channel");
     cr_expect_eq(publish(&c, conn, 4, "q", 4), 1, "numbering restarts");
     broker_confirms_fail_all(&c);
+    amqp_destroy_connection(conn);
+}
+
+Test(publisher, acks_nacks_and_multiple_resolve_in_publish_order)
+{
+    amqp_connection_state_t conn = sink();
+    broker_confirms c;
+    broker_confirms_init(&c);
+    for (int i = 1; i <= 4; i++)
+        cr_expect_eq(publish(&c, conn, i, "q", 0), (uint64_t)i);
+    ack(&c, 2, false, false); /* nack of 2 alone */
+    cr_expect_eq(calls[1], 0);
+    cr_expect_eq(calls[2], 1);
+    cr_expect_eq(outcomes[2], BROKER_PUBLISH_NACKED);
+    ack(&c, 3, true, true); /* ack of everything up to 3 */
+    cr_expect_eq(calls[1], 1);
+    cr_expect_eq(outcomes[1], BROKER_PUBLISH_CONFIRMED);
+    cr_expect_eq(calls[3], 1);
+    cr_expect_eq(outcomes[3], BROKER_PUBLISH_CONFIRMED);
+    cr_expect_eq(calls[2], 1, "2 was already resolved");
+    cr_expect_eq(c.pending, 1);
+    ack(&c, 9, false, true); /* unknown: ignored */
+    ack(&c, 4, false, true);
+    cr_expect_eq(calls[4], 1);
+    cr_expect_eq(c.pending, 0);
+    cr_expect_null(c.head);
+    cr_expect_null(c.tail);
+    amqp_destroy_connection(conn);
+}
+
+Test(publisher, a_returned_publish_is_confirmed_as_failed)
+{
+    amqp_connection_state_t conn = sink();
+    broker_confirms c;
+    broker_confirms_init(&c);
+    publish(&c, conn, 1, "q", 0);
+    publish(&c, conn, 2, "gone", 0);
+    give_back(&c, "gone", NULL, 0);
+    ack(&c, 2, true, true);
+    cr_expect_eq(outcomes[1], BROKER_PUBLISH_CONFIRMED);
+    cr_expect_eq(outcomes[2], BROKER_PUBLISH_RETURNED);
+    amqp_destroy_connection(conn);
+}
+
+Test(publisher, a_lost_channel_fails_every_pending_publish_once_and_restarts_numbering)
+{
+    amqp_connection_state_t conn = sink();
+    broker_confirms c;
+    broker_confirms_init(&c);
+    publish(&c, conn, 1, "q", 0);
+    publish(&c, conn, 2, "q", 0);
+    publish(&c, conn, 3, "q", 0);
+    ack(&c, 1, false, true);
+    broker_confirms_fail_all(&c);
+    cr_expect_eq(outcomes[1], BROKER_PUBLISH_CONFIRMED);
+    cr_expect_eq(calls[2], 1);
+    cr_expect_eq(outcomes[2], BROKER_PUBLISH_UNKNOWN);
+    cr_expect_eq(calls[3], 1);
+    cr_expect_eq(outcomes[3], BROKER_PUBLISH_UNKNOWN);
+    cr_expect_eq(c.pending, 0);
+    cr_expect_eq(publish(&c, conn, 4, "q", 0), 1);
+    broker_confirms_fail_all(&c);
+    cr_expect_eq(calls[4], 1);
     amqp_destroy_connection(conn);
 }
