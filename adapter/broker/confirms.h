@@ -20,8 +20,11 @@
  * number, the relay its outbox id) gets exact matching; without one (the dlq tools republish dead
  * letters unchanged) the order and the route decide.
  *
+ * Each channel's confirms belong to the thread that owns its connection: the session's broker
+ * thread, the relay thread, the one thread of `idemq dlq`.
+ *
  * Errors: 0 or BROKER_E_FAILED (connection.h). Thread affinity: the thread that owns the
- * connection; callbacks run on it, from inside these calls.
+ * connection (the loop thread); callbacks run on it, from inside these calls.
  */
 #ifndef IDEMQ_BROKER_CONFIRMS_H
 #define IDEMQ_BROKER_CONFIRMS_H
