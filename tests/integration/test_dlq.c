@@ -829,7 +829,7 @@ Test(dlq, replay_all_returned_keeps_every_dead_letter, .fini = teardown, .timeou
     char dlq[200];
     queue_name(dlq, sizeof dlq, ".dlq");
     harness_publish_batch(&H, dlq, "application/json", ptrs, lens, CHUNK);
-    cr_assert(wait_depth(".dlq", CHUNK, 10000));
+    cr_assert(harness_wait_queue_depth(&H, dlq, CHUNK, 10000));
     amqp_queue_delete(H.amqp, BROKER_CHANNEL, amqp_cstring_bytes(H.queue), 0, 0);
     cr_assert(amqp_get_rpc_reply(H.amqp).reply_type == AMQP_RESPONSE_NORMAL);
     for (int round = 0; round < 3; round++) {
@@ -842,7 +842,8 @@ Test(dlq, replay_all_returned_keeps_every_dead_letter, .fini = teardown, .timeou
         cr_assert_eq(json_integer_value(json_object_get(doc, "failed")), CHUNK, "%s", out);
         json_decref(doc);
         free(out);
-        cr_assert(wait_depth(".dlq", CHUNK, 10000), "round %d lost a dead letter", round);
+        cr_assert(harness_wait_queue_depth(&H, dlq, CHUNK, 10000), "round %d lost a dead letter",
+                  round);
     }
 }
 

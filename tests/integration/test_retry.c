@@ -689,7 +689,8 @@ Test(retry, an_unroutable_dead_letter_copy_keeps_its_original, .fini = teardown,
                  "a returned copy is not a dead letter");
     cr_assert_eq(harness_log_count(&H, "did not publish"), 0,
                  "every return named its own publish");
-    cr_assert(wait_depth("", 1, 5000), "the original is back in the work queue");
+    cr_assert(harness_wait_queue_depth(&H, H.queue, 1, 5000),
+              "the original is back in the work queue");
 }
 
 /* ------------------------------------------------------------------------------ head of line */
