@@ -672,7 +672,7 @@ Test(retry, an_unroutable_dead_letter_copy_keeps_its_original, .fini = teardown,
 {
     harness_options o = {.retry_set = true, .max_retries = 3, .base = "100ms", .jitter = "50ms"};
     setup("retry_unroutable_copy", &o);
-    start_daemon();
+    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
     char dlq[200];
     queue_name(dlq, sizeof dlq, ".dlq");
     amqp_queue_delete(H.amqp, 1, amqp_cstring_bytes(dlq), 0, 0);
