@@ -381,25 +381,18 @@ static void thread_connection_lost(broker_session *s, const char *reason)
     schedule_round(s);
 }
 
-/* A returned copy fails its own publish's confirm, found by the sequence header it carries. */
-static void mark_returned(broker_session *s, const broker_message *msg)
+/* A basic.return that names none of the channel's pending publishes by the sequence header
+ * (broker/confirms.h matches the others to their publish, whose confirm then fails). */
+static void unmatched_return(void *ctx, const broker_return *ret)
 {
-    int64_t seq;
-    if (!message_header_int(&msg->properties, HEADER_PUBLISH_SEQ, &seq)) {
-        log_error(LOG_NO_CONTEXT, "broker returned a message idemq did not publish; ignored");
-        return;
-    }
-    broker_confirms_mark_returned(&s->confirms, (uint64_t)seq);
+    (void)ctx;
+    (void)ret;
+    log_error(LOG_NO_CONTEXT, "broker returned a message idemq did not publish; ignored");
 }
 
-/* msg is taken. */
-static void message_complete(broker_session *s, broker_message *msg, bool returned)
+/* msg (a delivery) is taken. */
+static void message_complete(broker_session *s, broker_message *msg)
 {
-    if (returned) {
-        mark_returned(s, msg);
-        broker_message_free(msg);
-        return;
-    }
     if (tag_push(&s->tags, msg->delivery_tag) != 0) {
         /* Not tracked, it could never be acked: give it back now. */
         amqp_basic_nack(s->conn, BROKER_CHANNEL, msg->delivery_tag, 0, 1);
@@ -541,24 +534,6 @@ static int handle_method(broker_session *s, const amqp_frame_t *frame)
                                        d->redelivered != 0);
         return 0;
     }
-    case AMQP_BASIC_RETURN_METHOD: {
-        const amqp_basic_return_t *r = m->decoded;
-        log_error(LOG_NO_CONTEXT, "broker returned a retry/DLQ copy as unroutable (%u %.*s); "
-                  "the original will be requeued — is the topology intact?",
-                  r->reply_code, (int)r->reply_text.len, (const char *)r->reply_text.bytes);
-        broker_assembly_begin_return(&s->assembly);
-        return 0;
-    }
-    case AMQP_BASIC_ACK_METHOD: {
-        const amqp_basic_ack_t *a = m->decoded;
-        broker_confirms_resolve(&s->confirms, a->delivery_tag, a->multiple != 0, true);
-        return 0;
-    }
-    case AMQP_BASIC_NACK_METHOD: {
-        const amqp_basic_nack_t *n = m->decoded;
-        broker_confirms_resolve(&s->confirms, n->delivery_tag, n->multiple != 0, false);
-        return 0;
-    }
     case AMQP_CONNECTION_BLOCKED_METHOD: {
         const amqp_connection_blocked_t *b = m->decoded;
         snprintf(reason, sizeof reason, "%.*s", (int)b->reason.len, (const char *)b->reason.bytes);
@@ -582,6 +557,23 @@ static int handle_method(broker_session *s, const amqp_frame_t *frame)
 
 static int handle_frame(broker_session *s, const amqp_frame_t *frame)
 {
+    char why[128];
+    if (frame->frame_type == AMQP_FRAME_METHOD &&
+        frame->payload.method.id == AMQP_BASIC_RETURN_METHOD) {
+        const amqp_basic_return_t *r = frame->payload.method.decoded;
+        log_error(LOG_NO_CONTEXT,
+                  "broker returned a retry/DLQ copy as unroutable (%u %.*s); "
+                  "the original will be requeued — is the topology intact?",
+                  r->reply_code, (int)r->reply_text.len, (const char *)r->reply_text.bytes);
+    }
+    /* Acks, nacks, returns and a return's content are the publisher's. */
+    int taken = broker_confirms_frame(&s->confirms, frame, why, sizeof why);
+    if (taken < 0) {
+        thread_connection_lost(s, why);
+        return -1;
+    }
+    if (taken)
+        return s->conn ? 0 : -1;
     switch (frame->frame_type) {
     case AMQP_FRAME_METHOD:
         return handle_method(s, frame);
@@ -596,7 +588,7 @@ static int handle_frame(broker_session *s, const amqp_frame_t *frame)
             return -1;
         }
         if (msg)
-            message_complete(s, msg, returned);
+            message_complete(s, msg); /* returns are assembled by broker/confirms */
         return s->conn ? 0 : -1;
     }
     default:
@@ -682,12 +674,14 @@ static void apply_consuming(broker_session *s)
     event_post(s, EV_CONSUMING, NULL, NULL, NULL, want, 0, NULL);
 }
 
-/* The confirm of a publish (arg: its command) is known: hand it to the loop. */
-static void forward_confirm(void *arg, bool confirmed)
+/* The outcome of a publish (arg: its command) is known: hand it to the loop, which only tells
+ * confirmed (acked, not returned) from everything else. */
+static void forward_confirm(void *arg, broker_publish_outcome answer, const broker_return *ret)
 {
     command *c = arg;
     broker_session *s = c->session;
-    event_post(s, EV_CONFIRM, NULL, c->cb, c->arg, confirmed, 0, NULL);
+    (void)ret;
+    event_post(s, EV_CONFIRM, NULL, c->cb, c->arg, answer == BROKER_PUBLISH_CONFIRMED, 0, NULL);
     command_release(s, c);
 }
 
@@ -726,19 +720,24 @@ static void send_publish(broker_session *s, command *c)
         s->held_tail = c;
         return;
     }
-    uint64_t seq;
-    if (broker_confirms_push(&s->confirms, forward_confirm, c, &seq) != 0) {
+    /* The number the channel gives this publish names it in a basic.return (the return key). */
+    uint64_t seq = s->confirms.next_seq;
+    set_publish_seq(&c->props, seq);
+    broker_publish m = {.exchange = amqp_cstring_bytes(c->exchange),
+                        .routing_key = amqp_cstring_bytes(c->routing_key),
+                        .props = &c->props,
+                        .body = c->body,
+                        .key = (int64_t)seq};
+    /* The write blocks while the broker does not read (a resource alarm, a hung broker): the loop
+     * reads this to say so. */
+    atomic_store(&s->sending_since_ms, monotonic_ms());
+    int rc = broker_confirms_publish(&s->confirms, s->conn, &m, forward_confirm, c, &seq);
+    atomic_store(&s->sending_since_ms, 0);
+    if (rc != AMQP_STATUS_OK && seq == 0) { /* out of memory: nothing sent */
         event_post(s, EV_CONFIRM, NULL, c->cb, c->arg, false, 0, NULL);
         command_release(s, c);
         return;
     }
-    set_publish_seq(&c->props, seq);
-    /* The write blocks while the broker does not read (a resource alarm, a hung broker): the loop
-     * reads this to say so. */
-    atomic_store(&s->sending_since_ms, monotonic_ms());
-    int rc = amqp_basic_publish(s->conn, BROKER_CHANNEL, amqp_cstring_bytes(c->exchange),
-                                amqp_cstring_bytes(c->routing_key), 1, 0, &c->props, c->body);
-    atomic_store(&s->sending_since_ms, 0);
     if (rc != AMQP_STATUS_OK) {
         /* The frames may be half sent: the connection cannot go on. Its confirm fails with the
          * others. */
@@ -1235,6 +1234,8 @@ broker_session *broker_session_new(uv_loop_t *loop, const config *cfg,
     broker_nodes_init(&s->nodes, cfg->amqp_urls, cfg->amqp_url_count, &s->random);
     broker_assembly_init(&s->assembly);
     broker_confirms_init(&s->confirms);
+    broker_confirms_set_return_key(&s->confirms, HEADER_PUBLISH_SEQ);
+    broker_confirms_on_unmatched_return(&s->confirms, unmatched_return, s);
     return s;
 }
 

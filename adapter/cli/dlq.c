@@ -34,7 +34,11 @@
  * negotiated frame_max, so that a dead letter an older idemq wrote right up to frame_max, which
  * the broker's x-delivery-count then pushed over it, can still be listed and replayed instead of
  * ending the pass with "invalid AMQP data". Publishing splits bodies by the negotiated frame_max
- * itself (send_publish) and never sends a header frame over it.
+ * itself (broker_publish.frame_max) and never sends a header frame over it.
+ *
+ * Publishes, confirms and returns go through broker/confirms.h like the session's and the relay's:
+ * the copies carry no header of idemq's to name them (a kept dead letter is republished
+ * unchanged), so a return is matched by its routing key in publish order.
  */
 #include "cli/cli.h"
 
@@ -46,6 +50,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "broker/confirms.h"
 #include "broker/connection.h"
 #include "broker/message.h"
 #include "broker/nodes.h"
@@ -208,6 +213,7 @@ typedef enum visit_action { VISIT_KEEP, VISIT_REPLAY, VISIT_DROP } visit_action;
 typedef struct visit {
     uint64_t delivery_tag; /* of the basic.get-ok */
     uint64_t publish_seq;  /* of its copy; 0: not published */
+    struct pass *pass;     /* while its copy is owed a confirm (borrowed) */
     visit_action action;
     bool shown;            /* printed (list: within --limit; replay: selected) */
     bool confirmed;        /* the copy was confirmed and not returned (DROP: may be acked) */
@@ -258,13 +264,14 @@ _Static_assert(CHUNK_MAX <= 16, "see above: larger chunks lose acks on quorum qu
 
 typedef struct pass {
     amqp_connection_state_t conn;
+    broker_confirms confirms; /* of the channel's copies */
+    const char *gone;         /* why the channel or connection went, for the copies it owed */
     const config *cfg;
     const config_consumer *c;
     const dlq_options *opts;
     char dlq[TOPOLOGY_NAME_MAX];
     visit *visits;          /* CHUNK_MAX */
     size_t count;           /* visits in the current chunk */
-    uint64_t publish_seq;   /* last publish on the channel */
     bool left_unacked;      /* an original of an earlier chunk is still unacked: no multiple ack */
     bool channel_gone;      /* a basic.get failed: nothing more can be published or acked */
     /* rabbitmq-c failed on the socket or the data: its state is not fit for a closing handshake
@@ -406,34 +413,32 @@ static int keep_properties(const amqp_basic_properties_t *in, amqp_pool_t *pool,
     return 0;
 }
 
-/* amqp_basic_publish to the default exchange, mandatory, with body frames cut to the negotiated
- * frame_max: the connection's own limit is raised for reading (see the top of this file). The
- * caller has checked the header frame against p->frame_max. Returns an AMQP_STATUS_* code. */
-static int send_publish(pass *p, const char *routing_key, const amqp_basic_properties_t *props,
-                        amqp_bytes_t body)
+/* The outcome of v's copy (arg: v). A visit already settled (its publish failed) keeps its
+ * reason. */
+static void copy_outcome(void *arg, broker_publish_outcome outcome, const broker_return *ret)
 {
-    amqp_basic_publish_t method = {.exchange = amqp_empty_bytes,
-                                   .routing_key = amqp_cstring_bytes(routing_key),
-                                   .mandatory = 1};
-    int rc = amqp_send_method(p->conn, BROKER_CHANNEL, AMQP_BASIC_PUBLISH_METHOD, &method);
-    if (rc != AMQP_STATUS_OK)
-        return rc;
-    amqp_frame_t frame = {.frame_type = AMQP_FRAME_HEADER, .channel = BROKER_CHANNEL};
-    frame.payload.properties.class_id = AMQP_BASIC_CLASS;
-    frame.payload.properties.body_size = body.len;
-    frame.payload.properties.decoded = (void *)props;
-    if ((rc = amqp_send_frame(p->conn, &frame)) != AMQP_STATUS_OK)
-        return rc;
-    size_t fragment_max = p->frame_max - 8; /* frame header and end */
-    for (size_t offset = 0; offset < body.len; offset += fragment_max) {
-        size_t n = body.len - offset < fragment_max ? body.len - offset : fragment_max;
-        frame = (amqp_frame_t){.frame_type = AMQP_FRAME_BODY, .channel = BROKER_CHANNEL};
-        frame.payload.body_fragment =
-            (amqp_bytes_t){.len = n, .bytes = (char *)body.bytes + offset};
-        if ((rc = amqp_send_frame(p->conn, &frame)) != AMQP_STATUS_OK)
-            return rc;
+    visit *v = arg;
+    pass *p = v->pass;
+    (void)ret;
+    if (v->settled)
+        return;
+    v->settled = true;
+    switch (outcome) {
+    case BROKER_PUBLISH_CONFIRMED:
+        v->confirmed = true;
+        break;
+    case BROKER_PUBLISH_NACKED:
+        snprintf(v->reason, sizeof v->reason, "the broker refused the copy (nack)");
+        break;
+    case BROKER_PUBLISH_RETURNED:
+        snprintf(v->reason, sizeof v->reason, "the copy was unroutable (no queue '%s')",
+                 v->action == VISIT_REPLAY ? p->c->queue : p->dlq);
+        break;
+    case BROKER_PUBLISH_UNKNOWN:
+        snprintf(v->reason, sizeof v->reason, "no publisher confirm: %s",
+                 p->gone ? p->gone : "the channel failed");
+        break;
     }
-    return AMQP_STATUS_OK;
 }
 
 /* Publishes the copy of v (mandatory, confirm mode). A copy that cannot be made (out of memory,
@@ -465,14 +470,26 @@ static int publish_copy(pass *p, visit *v, amqp_pool_t *pool)
         return 0;
     }
     const char *routing_key = v->action == VISIT_REPLAY ? p->c->queue : p->dlq;
-    rc = send_publish(p, routing_key, &props, v->message.body);
+    broker_publish m = {.exchange = amqp_empty_bytes,
+                        .routing_key = amqp_cstring_bytes(routing_key),
+                        .props = &props,
+                        .body = v->message.body,
+                        .frame_max = p->frame_max};
+    uint64_t seq;
+    v->pass = p;
+    rc = broker_confirms_publish(&p->confirms, p->conn, &m, copy_outcome, v, &seq);
+    if (rc != AMQP_STATUS_OK && seq == 0) {
+        snprintf(v->reason, sizeof v->reason, "out of memory");
+        v->settled = true;
+        return 0;
+    }
     if (rc != AMQP_STATUS_OK) {
         snprintf(v->reason, sizeof v->reason, "publish failed: %s", amqp_error_string2(rc));
         v->settled = true;
         p->connection_broken = true;
         return -1;
     }
-    v->publish_seq = ++p->publish_seq;
+    v->publish_seq = seq;
     return 0;
 }
 
@@ -497,46 +514,24 @@ static void settle_copies(pass *p)
     }
 }
 
-/* Marks the visits whose copy has a sequence number in [lo, hi]. returned_seq: the publish a
- * basic.return just before this ack was about (0: none). */
-static size_t settle_range(pass *p, uint64_t lo, uint64_t hi, bool ack, uint64_t returned_seq)
-{
-    size_t settled = 0;
-    for (size_t i = 0; i < p->count; i++) {
-        visit *v = &p->visits[i];
-        if (v->settled || !v->publish_seq || v->publish_seq < lo || v->publish_seq > hi)
-            continue;
-        v->settled = true;
-        settled++;
-        if (!ack)
-            snprintf(v->reason, sizeof v->reason, "the broker refused the copy (nack)");
-        else if (v->publish_seq == returned_seq)
-            snprintf(v->reason, sizeof v->reason, "the copy was unroutable (no queue '%s')",
-                     v->action == VISIT_REPLAY ? p->c->queue : p->dlq);
-        else
-            v->confirmed = true;
-    }
-    return settled;
-}
-
-/* Waits for the confirms of every copy published in this chunk. A mandatory publish that cannot
- * be routed comes back as basic.return, then its basic.ack: RabbitMQ sends both while handling
- * that publish, so the ack right after a return names the returned publish (multiple or not).
- * Returns 0, or -1 when the channel or connection is gone (unsettled copies are failed). */
-static int wait_for_confirms(pass *p)
+/* Copies published and not yet settled. */
+static size_t copies_owed(const pass *p)
 {
     size_t pending = 0;
-    uint64_t first = 0;
     for (size_t i = 0; i < p->count; i++)
-        if (!p->visits[i].settled && p->visits[i].publish_seq) {
+        if (!p->visits[i].settled && p->visits[i].publish_seq)
             pending++;
-            if (!first)
-                first = p->visits[i].publish_seq;
-        }
-    bool returned = false;
-    char returned_key[TOPOLOGY_NAME_MAX] = "";
+    return pending;
+}
+
+/* Waits for the confirms of every copy published in this chunk (broker/confirms.h matches a
+ * basic.return to its copy). Returns 0, or -1 when the channel or connection is gone (unsettled
+ * copies are failed). */
+static int wait_for_confirms(pass *p)
+{
+    char err[256];
     const char *gone = NULL;
-    while (pending > 0 && !gone) {
+    while (copies_owed(p) > 0 && !gone) {
         amqp_frame_t frame;
         struct timeval timeout = {.tv_sec = CONFIRM_TIMEOUT_S};
         int rc = amqp_simple_wait_frame_noblock(p->conn, &frame, &timeout);
@@ -545,63 +540,21 @@ static int wait_for_confirms(pass *p)
             p->connection_broken = true;
             break;
         }
-        if (frame.frame_type != AMQP_FRAME_METHOD)
-            continue; /* header/body of a basic.return */
-        switch (frame.payload.method.id) {
-        case AMQP_BASIC_RETURN_METHOD: {
-            const amqp_basic_return_t *r = frame.payload.method.decoded;
-            returned = true;
-            snprintf(returned_key, sizeof returned_key, "%.*s", (int)r->routing_key.len,
-                     (const char *)r->routing_key.bytes);
-            break;
-        }
-        case AMQP_BASIC_ACK_METHOD:
-        case AMQP_BASIC_NACK_METHOD: {
-            bool ack = frame.payload.method.id == AMQP_BASIC_ACK_METHOD;
-            uint64_t tag;
-            bool multiple;
-            if (ack) {
-                const amqp_basic_ack_t *a = frame.payload.method.decoded;
-                tag = a->delivery_tag;
-                multiple = a->multiple;
-            } else {
-                const amqp_basic_nack_t *a = frame.payload.method.decoded;
-                tag = a->delivery_tag;
-                multiple = a->multiple;
-            }
-            uint64_t returned_seq = 0;
-            if (returned) {
-                returned_seq = tag;
-                /* The ack after a return should be that publish's: if its routing key says
-                 * otherwise, trust none of this ack's range. */
-                for (size_t i = 0; i < p->count; i++) {
-                    const visit *v = &p->visits[i];
-                    const char *key = v->action == VISIT_REPLAY ? p->c->queue : p->dlq;
-                    if (v->publish_seq == tag && strcmp(key, returned_key) != 0)
-                        ack = false;
-                }
-                returned = false;
-            }
-            pending -= settle_range(p, multiple ? first : tag, tag, ack, returned_seq);
-            break;
-        }
-        case AMQP_CHANNEL_CLOSE_METHOD:
-        case AMQP_CONNECTION_CLOSE_METHOD:
+        int taken = broker_confirms_frame(&p->confirms, &frame, err, sizeof err);
+        if (taken < 0) {
+            gone = err;
+            p->connection_broken = true;
+        } else if (taken == 0 && frame.frame_type == AMQP_FRAME_METHOD &&
+                   (frame.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD ||
+                    frame.payload.method.id == AMQP_CONNECTION_CLOSE_METHOD)) {
             gone = "the broker closed the channel";
-            break;
-        default:
-            break;
         }
     }
     if (!gone)
         return 0;
-    for (size_t i = 0; i < p->count; i++) {
-        visit *v = &p->visits[i];
-        if (!v->settled && v->publish_seq) {
-            v->settled = true;
-            snprintf(v->reason, sizeof v->reason, "no publisher confirm: %s", gone);
-        }
-    }
+    p->gone = gone;
+    broker_confirms_fail_all(&p->confirms);
+    p->gone = NULL;
     return -1;
 }
 
@@ -875,6 +828,7 @@ int cli_dlq(const config *cfg, const dlq_options *opts)
     }
     char err[1024];
     pass p = {.cfg = cfg, .c = c, .opts = opts};
+    broker_confirms_init(&p.confirms);
     topology_dead_letter_queue(c, p.dlq, sizeof p.dlq);
     broker_open_options open_opts = {.confirms = opts->action != DLQ_PURGE,
                                      .tls = &cfg->amqp_tls,
@@ -926,6 +880,8 @@ int cli_dlq(const config *cfg, const dlq_options *opts)
     free(p.entries);
     free(p.groups);
     free(p.slots);
+    /* A publish that failed to send stays owed after its pass stopped: its visit is settled. */
+    broker_confirms_fail_all(&p.confirms);
     free(p.visits);
     /* Everything confirmed was acked; whatever was not returns to the DLQ now. */
     if (p.connection_broken)

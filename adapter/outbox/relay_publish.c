@@ -22,8 +22,7 @@
 #define KNOWN_MAX 1024
 #define TICK_MS 250
 
-/* What a confirm callback needs: the row, and whether the channel went away (broker/confirms.h
- * runs the callbacks of a lost channel with false, like a nack). */
+/* What a confirm callback needs. */
 typedef struct publish_ref {
     relay_broker *b;
     relay_row *row;
@@ -38,14 +37,29 @@ __attribute__((format(printf, 3, 4))) static void text(char *buf, size_t len, co
     va_end(ap);
 }
 
+static void unmatched_return(void *ctx, const broker_return *ret)
+{
+    (void)ctx;
+    log_warn(LOG_NO_CONTEXT,
+             "outbox relay: the broker returned a message that is not one of "
+             "this round's (%u %s); ignored",
+             ret->reply_code, ret->reply_text);
+}
+
+/* The confirms' settings, kept across a lost channel (broker_confirms_fail_all). */
+static void confirms_init(relay_broker *b)
+{
+    broker_confirms_init(&b->confirms);
+    broker_confirms_set_return_key(&b->confirms, OUTBOX_HEADER_OUTBOX_ID);
+    broker_confirms_on_unmatched_return(&b->confirms, unmatched_return, b);
+}
 
 void relay_broker_init(relay_broker *b, const config *cfg)
 {
     *b = (relay_broker){.cfg = cfg};
     rng_init(&b->random, (uint64_t)(uintptr_t)b);
     broker_nodes_init(&b->nodes, cfg->amqp_urls, cfg->amqp_url_count, &b->random);
-    broker_confirms_init(&b->confirms);
-    broker_assembly_init(&b->assembly);
+    confirms_init(b);
 }
 
 static void forget_known(relay_broker *b)
@@ -94,10 +108,7 @@ static void forget(relay_broker *b, const char *exchange)
 /* The connection is gone (or given up): the confirms still owed fail with the rows UNKNOWN. */
 static void drop(relay_broker *b)
 {
-    b->channel_lost = true;
     broker_confirms_fail_all(&b->confirms);
-    b->channel_lost = false;
-    broker_assembly_reset(&b->assembly);
     forget_known(b);
     if (b->conn) {
         if (b->socket_closing)
@@ -154,7 +165,7 @@ int relay_broker_connect(relay_broker *b, size_t *node, char *err, size_t err_le
         if (rc == 0) {
             if (node)
                 *node = broker_nodes_last(&b->nodes);
-            broker_confirms_init(&b->confirms);
+            confirms_init(b);
             return 0;
         }
         b->conn = NULL;
@@ -170,32 +181,24 @@ int relay_broker_connect(relay_broker *b, size_t *node, char *err, size_t err_le
     return rc;
 }
 
-/* The row of rows[0..count) (sorted by id) with this id, or NULL. */
-static relay_row *row_by_id(relay_broker *b, int64_t id)
-{
-    size_t lo = 0, hi = b->row_count;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (b->rows[mid].id == id)
-            return &b->rows[mid];
-        if (b->rows[mid].id < id)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
-}
-
-static void on_confirm(void *arg, bool confirmed)
+static void on_confirm(void *arg, broker_publish_outcome answer, const broker_return *ret)
 {
     publish_ref *ref = arg;
     relay_row *row = ref->row;
-    if (ref->b->channel_lost || row->outcome != RELAY_ROW_UNKNOWN)
+    if (answer == BROKER_PUBLISH_UNKNOWN || row->outcome != RELAY_ROW_UNKNOWN)
         return; /* no answer: published again next round (or already decided: a 404) */
-    if (confirmed) {
+    if (answer == BROKER_PUBLISH_CONFIRMED) {
         row->outcome = RELAY_ROW_PUBLISHED;
-    } else if (row->returned) {
-        row->outcome = RELAY_ROW_UNROUTABLE; /* error set by the return */
+    } else if (answer == BROKER_PUBLISH_RETURNED) {
+        row->returned = true;
+        row->outcome = RELAY_ROW_UNROUTABLE;
+        if (ret)
+            text(row->error, sizeof row->error,
+                 "unroutable: %u %s (exchange '%s', routing key '%s')", ret->reply_code,
+                 ret->reply_text, ret->exchange, ret->routing_key);
+        else /* out of memory keeping the return's text */
+            text(row->error, sizeof row->error, "unroutable (exchange '%s', routing key '%s')",
+                 row->exchange.data, row->routing_key.data);
     } else {
         row->outcome = RELAY_ROW_NACKED;
         text(row->error, sizeof row->error,
@@ -232,22 +235,8 @@ static bool missing_exchange(const amqp_channel_close_t *m, char *out, size_t ou
  * channel fail with their rows UNKNOWN, and numbering starts again at 1. */
 static int reopen_channel(relay_broker *b, char *err, size_t err_len)
 {
-    char reason[256];
-    b->channel_lost = true;
-    broker_confirms_fail_all(&b->confirms);
-    b->channel_lost = false;
-    broker_assembly_reset(&b->assembly);
     b->channel_reopened = true;
-    if (broker_reopen_channel(b->conn) != 0) {
-        text(err, err_len, "cannot reopen the channel after the broker closed it");
-        drop(b);
-        return BROKER_E_FAILED;
-    }
-    amqp_confirm_select(b->conn, BROKER_CHANNEL);
-    amqp_rpc_reply_t reply = amqp_get_rpc_reply(b->conn);
-    if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
-        text(err, err_len, "confirm.select on the reopened channel failed: %s",
-             broker_describe_reply(reply, reason, sizeof reason));
+    if (broker_confirms_reopen_channel(&b->confirms, b->conn, err, err_len) != 0) {
         drop(b);
         return BROKER_E_FAILED;
     }
@@ -284,66 +273,27 @@ static int channel_closed(relay_broker *b, const amqp_channel_close_t *m, char *
     return reopen_channel(b, err, err_len);
 }
 
-static void returned(relay_broker *b, const broker_message *msg)
-{
-    int64_t id;
-    relay_row *row = NULL;
-    if (message_header_int(&msg->properties, OUTBOX_HEADER_OUTBOX_ID, &id))
-        row = row_by_id(b, id);
-    if (!row || !row->seq) {
-        log_warn(LOG_NO_CONTEXT,
-                 "outbox relay: the broker returned a message that is not one of "
-                 "this round's (%u %s); ignored",
-                 b->return_code, b->return_text);
-        return;
-    }
-    row->returned = true;
-    text(row->error, sizeof row->error, "unroutable: %u %s (exchange '%s', routing key '%s')",
-         b->return_code, b->return_text, b->return_exchange, b->return_routing_key);
-    broker_confirms_mark_returned(&b->confirms, row->seq);
-}
-
 /* Returns 0, or BROKER_E_FAILED (the connection was dropped, err says why). */
 static int handle_frame(relay_broker *b, const amqp_frame_t *frame, char *err, size_t err_len)
 {
-    if (frame->frame_type == AMQP_FRAME_HEADER || frame->frame_type == AMQP_FRAME_BODY) {
-        broker_message *msg = NULL;
-        bool is_return = false;
-        if (broker_assembly_add_frame(&b->assembly, frame, 0, &msg, &is_return, err, err_len)) {
-            drop(b);
-            return BROKER_E_FAILED;
-        }
-        if (msg && is_return)
-            returned(b, msg);
-        broker_message_free(msg);
+    int taken = broker_confirms_frame(&b->confirms, frame, err, err_len);
+    if (taken < 0) {
+        drop(b);
+        return BROKER_E_FAILED;
+    }
+    if (taken)
         return 0;
+    if (frame->frame_type == AMQP_FRAME_HEADER || frame->frame_type == AMQP_FRAME_BODY) {
+        /* No deliveries on this channel: content without a basic.return before it. */
+        text(err, err_len, "unexpected %s frame",
+             frame->frame_type == AMQP_FRAME_HEADER ? "content header" : "body");
+        drop(b);
+        return BROKER_E_FAILED;
     }
     if (frame->frame_type != AMQP_FRAME_METHOD)
         return 0;
     const amqp_method_t *m = &frame->payload.method;
     switch (m->id) {
-    case AMQP_BASIC_ACK_METHOD: {
-        const amqp_basic_ack_t *a = m->decoded;
-        broker_confirms_resolve(&b->confirms, a->delivery_tag, a->multiple != 0, true);
-        return 0;
-    }
-    case AMQP_BASIC_NACK_METHOD: {
-        const amqp_basic_nack_t *n = m->decoded;
-        broker_confirms_resolve(&b->confirms, n->delivery_tag, n->multiple != 0, false);
-        return 0;
-    }
-    case AMQP_BASIC_RETURN_METHOD: {
-        const amqp_basic_return_t *r = m->decoded;
-        b->return_code = r->reply_code;
-        snprintf(b->return_text, sizeof b->return_text, "%.*s", (int)r->reply_text.len,
-                 (const char *)r->reply_text.bytes);
-        snprintf(b->return_exchange, sizeof b->return_exchange, "%.*s", (int)r->exchange.len,
-                 (const char *)r->exchange.bytes);
-        snprintf(b->return_routing_key, sizeof b->return_routing_key, "%.*s",
-                 (int)r->routing_key.len, (const char *)r->routing_key.bytes);
-        broker_assembly_begin_return(&b->assembly);
-        return 0;
-    }
     case AMQP_CHANNEL_CLOSE_METHOD:
         return channel_closed(b, m->decoded, err, err_len);
     case AMQP_CONNECTION_CLOSE_METHOD: {
@@ -391,7 +341,7 @@ int relay_broker_service(relay_broker *b, char *err, size_t err_len)
     b->rows = NULL;
     b->row_count = 0;
     int rc = read_frames(b, 0, err, err_len);
-    if (b->conn && b->assembly.state == BROKER_ASSEMBLY_IDLE)
+    if (b->conn && b->confirms.assembly.state == BROKER_ASSEMBLY_IDLE)
         amqp_maybe_release_buffers(b->conn);
     return rc;
 }
@@ -468,19 +418,21 @@ static int publish_row(relay_broker *b, relay_row *row, publish_ref *ref, char *
         props._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
         props.content_type = (amqp_bytes_t){row->content_type.len, row->content_type.data};
     }
+    broker_publish m = {.exchange = {row->exchange.len, row->exchange.data},
+                        .routing_key = {row->routing_key.len, row->routing_key.data},
+                        .props = &props,
+                        .body = {row->body.len, row->body.data},
+                        .key = row->id};
     uint64_t seq;
     ref->b = b;
     ref->row = row;
-    if (broker_confirms_push(&b->confirms, on_confirm, ref, &seq) != 0) {
+    int rc = broker_confirms_publish(&b->confirms, b->conn, &m, on_confirm, ref, &seq);
+    if (rc != AMQP_STATUS_OK && seq == 0) {
         text(err, err_len, "out of memory");
         drop(b);
         return BROKER_E_FAILED;
     }
     row->seq = seq;
-    int rc = amqp_basic_publish(b->conn, BROKER_CHANNEL,
-                                (amqp_bytes_t){row->exchange.len, row->exchange.data},
-                                (amqp_bytes_t){row->routing_key.len, row->routing_key.data}, 1, 0,
-                                &props, (amqp_bytes_t){row->body.len, row->body.data});
     if (rc != AMQP_STATUS_OK) {
         /* The frames may be half sent: the connection cannot go on. */
         text(err, err_len, "publish failed: %s", broker_describe_status(rc));
@@ -553,7 +505,7 @@ out:
         drop(b);
         rc = BROKER_E_FAILED;
     }
-    if (b->conn && b->assembly.state == BROKER_ASSEMBLY_IDLE)
+    if (b->conn && b->confirms.assembly.state == BROKER_ASSEMBLY_IDLE)
         amqp_maybe_release_buffers(b->conn);
     free(refs);
     b->rows = NULL;

@@ -5,12 +5,13 @@
  * A round: every exchange the rows name that this connection has not seen yet is checked with a
  * passive exchange.declare (the rows of a missing one become RELAY_ROW_UNROUTABLE without being
  * published); the other rows are published in order, mandatory; then the frames are read until
- * every publish is confirmed. Confirms are kept by broker/confirms.h in publish order; a
- * basic.return (which RabbitMQ sends before the ack of the same publish) names its row by the
- * idemq-outbox-id header, so the ack that follows counts as unroutable. A channel.close 404
- * during the round (an exchange deleted after its check) names the exchange: the first
- * unconfirmed row that publishes to it is the one that caused it; the channel is reopened (with
- * confirm.select again) and the rows whose confirms the close swallowed stay RELAY_ROW_UNKNOWN.
+ * every publish is confirmed. Publishes, confirms and returns go through broker/confirms.h, the
+ * channel's return key being the idemq-outbox-id header: a basic.return (which RabbitMQ sends
+ * before the ack of the same publish) names its row by it, and the row's ack counts as unroutable.
+ * A channel.close 404 during the round (an exchange deleted after its check) names the exchange:
+ * the first unconfirmed row that publishes to it is the one that caused it; the channel is reopened
+ * (with confirm.select again) and the rows whose confirms the close swallowed stay
+ * RELAY_ROW_UNKNOWN.
  *
  * Errors: 0, or BROKER_E_FAILED (util/errors.h) when the connection is lost or a confirm
  * does not come in time: the connection is then already dropped, err says why.
@@ -24,7 +25,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "broker/assembly.h"
 #include "broker/confirms.h"
 #include "broker/nodes.h"
 #include "config/config.h"
@@ -36,17 +36,13 @@ typedef struct relay_broker {
     amqp_connection_state_t conn; /* owned; NULL: not connected */
     broker_nodes nodes;
     rng random;
-    broker_confirms confirms;
-    broker_assembly assembly;
+    broker_confirms confirms; /* also reads basic.returns */
     char **known; /* exchanges seen to exist on this connection (owned) */
     size_t known_count, known_cap;
     /* the round in progress */
     relay_row *rows; /* borrowed from relay_broker_publish's caller */
     size_t row_count;
-    bool channel_lost;     /* failing the confirms of a closed channel: rows stay UNKNOWN */
     bool channel_reopened; /* a channel.close came during this round */
-    unsigned return_code;  /* of the last basic.return, for its content frames */
-    char return_text[128], return_exchange[256], return_routing_key[256];
     /* Optional: runs just before the connection's socket closes (whatever closes it), so that an
      * owner that may shut the socket down from another thread forgets it first. */
     void (*socket_closing)(void *ctx);

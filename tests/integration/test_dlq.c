@@ -788,6 +788,43 @@ Test(dlq, unroutable_replay_keeps_the_dead_letter, .fini = teardown, .timeout = 
     cr_expect_eq(returned, 1, "exactly the unroutable replay's original returns");
 }
 
+/* Every replay of a chunk returned: RabbitMQ sends the returns as it handles the publishes and may
+ * ack them all with one "multiple" ack after the last return, so a return must be matched to its
+ * own publish (broker/confirms.h), not taken to be the ack that follows it. */
+Test(dlq, replay_all_returned_keeps_every_dead_letter, .fini = teardown, .timeout = 60)
+{
+    enum { CHUNK = 16 }; /* one chunk of the pass: its 16 replays published back to back */
+    setup("dlq_unroutable_all", NULL);
+    harness_broker_major(&H);
+    harness_declare_topology(&H);
+    static char bodies[CHUNK][64];
+    const void *ptrs[CHUNK];
+    size_t lens[CHUNK];
+    for (int i = 0; i < CHUNK; i++) {
+        lens[i] = (size_t)snprintf(bodies[i], sizeof bodies[i], "{\"biz_key\":\"r%02d\"}", i);
+        ptrs[i] = bodies[i];
+    }
+    char dlq[200];
+    queue_name(dlq, sizeof dlq, ".dlq");
+    harness_publish_batch(&H, dlq, "application/json", ptrs, lens, CHUNK);
+    cr_assert(harness_wait_queue_depth(&H, dlq, CHUNK, 10000));
+    amqp_queue_delete(H.amqp, BROKER_CHANNEL, amqp_cstring_bytes(H.queue), 0, 0);
+    cr_assert(amqp_get_rpc_reply(H.amqp).reply_type == AMQP_RESPONSE_NORMAL);
+    for (int round = 0; round < 3; round++) {
+        char *out = NULL;
+        int rc = dlq_cli(&out, "replay", "--all", "--json", NULL);
+        cr_assert_eq(rc, 1, "returned replays must exit 1, got %d:\n%s", rc, out);
+        json_t *doc = harness_output_json(out);
+        cr_assert_eq(json_integer_value(json_object_get(doc, "replayed")), 0,
+                     "round %d counted a returned replay as replayed:\n%s", round, out);
+        cr_assert_eq(json_integer_value(json_object_get(doc, "failed")), CHUNK, "%s", out);
+        json_decref(doc);
+        free(out);
+        cr_assert(harness_wait_queue_depth(&H, dlq, CHUNK, 10000), "round %d lost a dead letter",
+                  round);
+    }
+}
+
 Test(dlq, many_dead_letters_span_chunks_in_order, .fini = teardown, .timeout = 60)
 {
     enum { MANY = 250 }; /* three chunks of the pass */

@@ -625,6 +625,34 @@ Test(retry, non_retryable_goes_straight_to_dlq, .fini = teardown, .timeout = 60)
     cr_assert(saw_malformed && saw_illegal);
 }
 
+/* A dead-letter copy the broker returns as unroutable (its DLQ deleted under a running idemq)
+ * fails its own publish's confirm, matched by the publish-sequence header (broker/confirms.h):
+ * the original is requeued, never acked, and no return is taken for a stranger's. */
+Test(retry, an_unroutable_dead_letter_copy_keeps_its_original, .fini = teardown, .timeout = 60)
+{
+    harness_options o = {.retry_set = true, .max_retries = 3, .base = "100ms", .jitter = "50ms"};
+    setup("retry_unroutable_copy", &o);
+    harness_start_idemq(&H, "started consuming", 15000, &daemon_pid);
+    char dlq[200];
+    queue_name(dlq, sizeof dlq, ".dlq");
+    amqp_queue_delete(H.amqp, 1, amqp_cstring_bytes(dlq), 0, 0);
+    cr_assert_eq(amqp_get_rpc_reply(H.amqp).reply_type, AMQP_RESPONSE_NORMAL);
+
+    static const char malformed[] = "{\"biz_key\":\"order_id:bad:PAY_SUCCESS\",\"order_id\":";
+    harness_publish(&H, NULL, "application/json", malformed, sizeof malformed - 1, NULL);
+
+    cr_assert(harness_wait_log(&H, "returned a retry/DLQ copy as unroutable", 2, 15000));
+    cr_assert(harness_wait_log(&H, "the broker did not confirm the dead-letter copy", 2, 5000));
+    harness_stop_idemq(&daemon_pid);
+
+    cr_assert_eq(harness_log_count(&H, "\"outcome\":\"dead_lettered\""), 0,
+                 "a returned copy is not a dead letter");
+    cr_assert_eq(harness_log_count(&H, "did not publish"), 0,
+                 "every return named its own publish");
+    cr_assert(harness_wait_queue_depth(&H, H.queue, 1, 5000),
+              "the original is back in the work queue");
+}
+
 /* ------------------------------------------------------------------------------ head of line */
 
 Test(retry, level_three_copy_behind_largest_jitter_is_back_within_bound, .fini = teardown,
