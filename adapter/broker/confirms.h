@@ -24,7 +24,7 @@
  * thread, the relay thread, the one thread of `idemq dlq`.
  *
  * Errors: 0 or BROKER_E_FAILED (util/errors.h). Thread affinity: the thread that owns the
- * connection (the loop thread); callbacks run on it, from inside these calls.
+ * connection (above); callbacks run on it, from inside these calls.
  */
 #ifndef IDEMQ_BROKER_CONFIRMS_H
 #define IDEMQ_BROKER_CONFIRMS_H
