@@ -278,6 +278,9 @@ static bool run_round(outbox_relay *r)
         db_down(r, err);
         return false;
     }
+    uv_mutex_lock(&r->lock);
+    r->stats.scans++;
+    uv_mutex_unlock(&r->lock);
     if (count == 0)
         return false;
     int64_t fetched = monotonic_ms();

@@ -103,6 +103,7 @@ typedef struct outbox_relay_stats {
     uint64_t published_total;  /* rows this process published and marked (state 1) */
     uint64_t unroutable_total; /* rows this process marked unroutable (state 2) */
     uint64_t rounds;           /* rounds that published at least one row, since the start */
+    uint64_t scans;            /* looks for pending rows (found or not), since the start */
     bool leader;               /* this relay holds the lease */
     bool connected;            /* this relay's AMQP connection is open (only a leader opens one) */
     bool db_connected;         /* its MySQL connection is open */

@@ -275,6 +275,12 @@ static bool db_connected(const outbox_relay_stats *s, void *arg)
     return s->db_connected;
 }
 
+static bool scanned_once(const outbox_relay_stats *s, void *arg)
+{
+    (void)arg;
+    return s->scans >= 1;
+}
+
 static bool pending_is(const outbox_relay_stats *s, void *arg)
 {
     return s->pending == *(uint64_t *)arg;
@@ -532,8 +538,9 @@ Test(outbox_relay, notify_publishes_at_once_while_the_poll_interval_is_a_minute)
     const char *q = declare_queue("q", NULL, NULL);
     outbox_relay *r = start_relay(0, "relay-notify");
     wait_leader(r, 10000);
-    /* Let the first round (made at connect) pass: the next poll is a minute away. */
-    pause_ms(300);
+    /* The first scan (made at connect) has passed: the next poll is a minute away. */
+    outbox_relay_stats st;
+    cr_assert(wait_stats(r, scanned_once, NULL, 10000, &st) >= 0, "the relay never looked for rows");
     long long silent = insert_row("", q, "emit-silent", "application/json", "{}");
     pause_ms(700);
     cr_assert_eq(harness_scalar(&F.h, "SELECT state FROM idemq_outbox WHERE id = %lld", silent), 0,
