@@ -66,6 +66,21 @@ static void append(broker_confirms *c, broker_pending_confirm *pc)
     c->pending++;
 }
 
+/* Removes the newest entry (its number stays used: the channel is given up after a failed
+ * send, so numbering never resumes on it). */
+static void unlink_tail(broker_confirms *c)
+{
+    broker_pending_confirm *prev = NULL;
+    for (broker_pending_confirm *pc = c->head; pc && pc != c->tail; pc = pc->next)
+        prev = pc;
+    if (prev)
+        prev->next = NULL;
+    else
+        c->head = NULL;
+    c->tail = prev;
+    c->pending--;
+}
+
 static char *copy_bytes(amqp_bytes_t b)
 {
     char *s = malloc(b.len + 1);
@@ -124,7 +139,13 @@ int broker_confirms_publish(broker_confirms *c, amqp_connection_state_t conn,
     int rc = m->frame_max ? send_frames(conn, m, m->frame_max)
                           : amqp_basic_publish(conn, BROKER_CHANNEL, m->exchange, m->routing_key, 1,
                                                0, m->props, m->body);
-    return rc == AMQP_STATUS_OK ? 0 : rc;
+    if (rc == AMQP_STATUS_OK)
+        return 0;
+    /* The call failed, so its callback must never run (the caller settles this publish): take
+     * the entry back. It is the tail, nothing having run since the append. */
+    unlink_tail(c);
+    entry_free(pc);
+    return rc;
 }
 
 /* The broker acked (acked) or nacked publish tag, or every publish up to it (multiple). Unknown
@@ -142,9 +163,11 @@ static void resolve(broker_confirms *c, uint64_t tag, bool multiple, bool acked)
             if (c->tail == pc)
                 c->tail = prev;
             c->pending--;
-            entry_settle(pc, !acked         ? BROKER_PUBLISH_NACKED
-                             : pc->returned ? BROKER_PUBLISH_RETURNED
-                                            : BROKER_PUBLISH_CONFIRMED);
+            /* A return says why a nacked publish went nowhere: it decides (the relay marks
+             * such a row unroutable rather than publishing it again). */
+            entry_settle(pc, pc->returned ? BROKER_PUBLISH_RETURNED
+                             : !acked     ? BROKER_PUBLISH_NACKED
+                                          : BROKER_PUBLISH_CONFIRMED);
             entry_free(pc);
             if (!multiple)
                 break;

@@ -23,8 +23,10 @@
  * Each channel's confirms belong to the thread that owns its connection: the session's broker
  * thread, the relay thread, the one thread of `idemq dlq`.
  *
- * Errors: 0 or BROKER_E_FAILED (util/errors.h). Thread affinity: the thread that owns the
- * connection (above); callbacks run on it, from inside these calls.
+ * Errors: 0 or BROKER_E_FAILED (util/errors.h); broker_confirms_publish returns rabbitmq-c's
+ * AMQP_STATUS_* (it fails where rabbitmq-c does). Callbacks must not call back into the same
+ * broker_confirms (they run in the middle of its list walk). Thread affinity: the thread that
+ * owns the connection (above); callbacks run on it, from inside these calls.
  */
 #ifndef IDEMQ_BROKER_CONFIRMS_H
 #define IDEMQ_BROKER_CONFIRMS_H
@@ -103,10 +105,9 @@ void broker_confirms_on_unmatched_return(broker_confirms *c, broker_unmatched_re
 
 /*
  * Registers cb(arg) for the publish m and sends it on BROKER_CHANNEL, mandatory; *seq gets its
- * number. Returns 0, or a negative AMQP_STATUS_*: with *seq 0 when nothing was registered (out of
- * memory: nothing sent, cb never runs); otherwise sending failed after the registration, the
- * frames may be half sent and the caller must give the channel up (broker_confirms_fail_all then
- * runs cb with UNKNOWN).
+ * number. Returns 0 (cb runs exactly once, later), or a negative AMQP_STATUS_* and cb never runs:
+ * with *seq 0 when nothing was sent (out of memory); otherwise sending failed and the frames may
+ * be half sent, so the caller must give the channel up.
  */
 int broker_confirms_publish(broker_confirms *c, amqp_connection_state_t conn,
                             const broker_publish *m, broker_publish_cb cb, void *arg,

@@ -733,16 +733,13 @@ static void send_publish(broker_session *s, command *c)
     atomic_store(&s->sending_since_ms, monotonic_ms());
     int rc = broker_confirms_publish(&s->confirms, s->conn, &m, forward_confirm, c, &seq);
     atomic_store(&s->sending_since_ms, 0);
-    if (rc != AMQP_STATUS_OK && seq == 0) { /* out of memory: nothing sent */
-        event_post(s, EV_CONFIRM, NULL, c->cb, c->arg, false, 0, NULL);
-        command_release(s, c);
+    if (rc == AMQP_STATUS_OK)
         return;
-    }
-    if (rc != AMQP_STATUS_OK) {
-        /* The frames may be half sent: the connection cannot go on. Its confirm fails with the
-         * others. */
+    /* Not published (forward_confirm will not run): the copy fails here. */
+    event_post(s, EV_CONFIRM, NULL, c->cb, c->arg, false, 0, NULL);
+    command_release(s, c);
+    if (seq != 0) /* the frames may be half sent: the connection cannot go on */
         thread_connection_lost(s, broker_describe_status(rc));
-    }
 }
 
 static void settle_tag(broker_session *s, uint64_t generation, uint64_t tag, command_kind kind)

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "broker/confirms.h"
 #include "broker/connection.h"
@@ -250,4 +251,62 @@ Test(publisher, a_lost_channel_fails_every_pending_publish_once_and_restarts_num
     broker_confirms_fail_all(&c);
     cr_expect_eq(calls[4], 1);
     amqp_destroy_connection(conn);
+}
+
+Test(publisher, a_returned_publish_that_is_then_nacked_is_returned)
+{
+    amqp_connection_state_t conn = sink();
+    broker_confirms c;
+    broker_confirms_init(&c);
+    publish(&c, conn, 1, "gone", 0);
+    give_back(&c, "gone", NULL, 0);
+    ack(&c, 1, false, false);
+    cr_expect_eq(calls[1], 1);
+    cr_expect_eq(outcomes[1], BROKER_PUBLISH_RETURNED, "the return says why: unroutable");
+    cr_expect_eq(return_codes[1], 312);
+    amqp_destroy_connection(conn);
+}
+
+Test(publisher, a_publish_whose_send_fails_never_calls_back)
+{
+    /* The peer resets the connection: a send fails once the reset has arrived. */
+    int listener = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(listener >= 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof addr;
+    cr_assert_eq(bind(listener, (struct sockaddr *)&addr, sizeof addr), 0);
+    cr_assert_eq(listen(listener, 1), 0);
+    cr_assert_eq(getsockname(listener, (struct sockaddr *)&addr, &len), 0);
+    amqp_connection_state_t conn = amqp_new_connection();
+    amqp_socket_t *sock = amqp_tcp_socket_new(conn);
+    cr_assert_eq(amqp_socket_open(sock, "127.0.0.1", ntohs(addr.sin_port)), AMQP_STATUS_OK);
+    int peer = accept(listener, NULL, NULL);
+    cr_assert(peer >= 0);
+    struct linger reset = {.l_onoff = 1, .l_linger = 0};
+    cr_assert_eq(setsockopt(peer, SOL_SOCKET, SO_LINGER, &reset, sizeof reset), 0);
+    close(peer);
+
+    broker_confirms c;
+    broker_confirms_init(&c);
+    amqp_basic_properties_t props = {0};
+    broker_publish m = {.exchange = amqp_cstring_bytes(""),
+                        .routing_key = amqp_cstring_bytes("q"),
+                        .props = &props,
+                        .body = amqp_empty_bytes};
+    int rc = 0, attempts = 0;
+    uint64_t seq = 0;
+    /* The first send may still reach the kernel's buffer before the reset is seen. */
+    while (rc == 0 && attempts < SLOTS - 1) {
+        attempts++;
+        rc = broker_confirms_publish(&c, conn, &m, on_outcome, (void *)(intptr_t)attempts, &seq);
+    }
+    cr_assert_neq(rc, 0, "%d sends to a reset connection all succeeded", attempts);
+    cr_assert_neq(seq, 0, "the publish was registered before its send failed");
+    cr_expect_eq(c.pending, (size_t)(attempts - 1), "the failed publish is no longer owed");
+    broker_confirms_fail_all(&c);
+    cr_expect_eq(calls[attempts], 0, "a failed publish's callback ran");
+    for (int i = 1; i < attempts; i++)
+        cr_expect_eq(calls[i], 1, "publish %d (sent) got %d callbacks", i, calls[i]);
+    amqp_destroy_connection(conn);
+    close(listener);
 }
