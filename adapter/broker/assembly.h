@@ -7,7 +7,8 @@
  * not fit what came before is a protocol error: the caller drops the connection.
  *
  * Errors: 0 or BROKER_E_FAILED (util/errors.h), with the reason in the caller's err buffer.
- * Thread affinity: the thread that owns the connection (the loop thread).
+ * Thread affinity: the thread that owns the connection (the session's broker thread, the relay
+ * thread, `idemq dlq`'s).
  */
 #ifndef IDEMQ_BROKER_ASSEMBLY_H
 #define IDEMQ_BROKER_ASSEMBLY_H

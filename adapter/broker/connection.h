@@ -4,7 +4,7 @@
  * Blocking calls bounded by timeouts (socket open, handshake, RPCs), used at startup, on
  * reconnect and by the one-shot CLI commands. Also the text of the broker's close replies, for
  * every error message that quotes one. Thread affinity: the thread that owns the connection
- * (the loop thread in `idemq run`).
+ * (the session's broker thread in `idemq run`).
  *
  * Errors, for every broker/ header: a function returns 0 or one of the negative BROKER_E_*,
  * MESSAGE_E_* or TOPOLOGY_E_* codes (util/errors.h), with the detail (never a password) in the

@@ -112,8 +112,7 @@ static int fail(MYSQL *db, const char *cmd, const char *doing)
     return 1;
 }
 
-/* The first column of the one row of sql as a number (NULL: 0). Returns 0 or -1 (see
- * mysql_error). */
+/* The word `outbox list` shows for a state (an unknown number as itself, in buf). */
 static const char *state_word(int state, char *buf, size_t len)
 {
     switch (state) {

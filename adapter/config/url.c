@@ -334,8 +334,23 @@ int config_parse_mysql_url(const char *url, config_mysql_url *out, char *err, si
         p = at + 1;
     }
     const char *authority_end = p + strcspn(p, "/?");
-    const char *host_end = authority_end;
-    const char *port_colon = memchr(p, ':', (size_t)(authority_end - p));
+    const char *host_begin = p, *host_end = authority_end, *port_colon;
+    if (*p == '[') { /* an IPv6 literal: the host is what the brackets hold */
+        const char *close = memchr(p, ']', (size_t)(authority_end - p));
+        if (!close) {
+            snprintf(err, err_len, "has an unterminated IPv6 address");
+            return -1;
+        }
+        host_begin = p + 1;
+        host_end = close;
+        port_colon = close + 1 < authority_end && close[1] == ':' ? close + 1 : NULL;
+        if (!port_colon && close + 1 != authority_end) {
+            snprintf(err, err_len, "has text after the IPv6 address");
+            return -1;
+        }
+    } else {
+        port_colon = memchr(p, ':', (size_t)(authority_end - p));
+    }
     if (port_colon) {
         char *end = NULL;
         long port = strtol(port_colon + 1, &end, 10);
@@ -344,13 +359,14 @@ int config_parse_mysql_url(const char *url, config_mysql_url *out, char *err, si
             return -1;
         }
         out->port = (unsigned)port;
-        host_end = port_colon;
+        if (host_begin == p)
+            host_end = port_colon;
     }
-    if ((size_t)(host_end - p) >= sizeof out->host) {
+    if ((size_t)(host_end - host_begin) >= sizeof out->host) {
         snprintf(err, err_len, "host is too long");
         return -1;
     }
-    memcpy(out->host, p, (size_t)(host_end - p));
+    memcpy(out->host, host_begin, (size_t)(host_end - host_begin));
     if (out->host[0] == '\0')
         strcpy(out->host, "127.0.0.1");
     p = authority_end;

@@ -349,13 +349,13 @@ int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *e
     pool->linger_ns = (uint64_t)cfg->batch_linger_ms * 1000000u;
     atomic_init(&pool->commits_until_kill, kill_after_commits());
     if (uv_mutex_init(&pool->lock) != 0)
-        goto fail;
+        goto sync_failed;
     pool->sync_initialised = 1;
     if (uv_cond_init(&pool->work_available) != 0)
-        goto fail;
+        goto sync_failed;
     pool->sync_initialised = 2;
     if (uv_cond_init(&pool->batch_grew) != 0)
-        goto fail;
+        goto sync_failed;
     pool->sync_initialised = 3;
     pool->worker_count = cfg->workers;
     pool->workers = calloc(pool->worker_count, sizeof *pool->workers);
@@ -387,6 +387,10 @@ int store_pool_new(uv_loop_t *loop, const config *cfg, store_pool **out, char *e
     return 0;
 fail:
     snprintf(err, err_len, "out of memory");
+    free_pool_memory(pool);
+    return -1;
+sync_failed:
+    snprintf(err, err_len, "cannot create the DB pool's lock or condition variables");
     free_pool_memory(pool);
     return -1;
 }

@@ -731,6 +731,8 @@ Test(config, urls_are_checked_without_leaking_passwords)
                                             "parameter 'sockt' (known: socket)"},
         {"mysql://u:hunter4@h/db%00", "database name is malformed or too long"},
         {"mysql://u:hunter4@h/db?socket=/run/m.sock", NULL},
+        {"mysql://u:hunter4@[::1]:3306/db", NULL},
+        {"mysql://u:hunter4@[::1]/db", NULL},
     };
     for (size_t i = 0; i < sizeof mysql_cases / sizeof mysql_cases[0]; i++) {
         char text[512];
@@ -1978,6 +1980,13 @@ Test(config, url_userinfo_rule_matches_both_parsers_and_redaction)
                               sizeof err),
                  0, "%s", err);
     cr_assert_str_eq(dsn.password, RAW_PASSWORD);
+    /* An IPv6 literal: the host is what the brackets hold. */
+    cr_assert_eq(db_dsn_parse("mysql://idemq@[::1]:3316/idemq", &dsn, err, sizeof err), 0, "%s",
+                 err);
+    cr_assert_str_eq(dsn.host, "::1");
+    cr_assert_eq(dsn.port, 3316);
+    cr_assert_neq(db_dsn_parse("mysql://idemq@[::1/idemq", &dsn, err, sizeof err), 0);
+    cr_assert(strstr(err, "unterminated IPv6 address"), "%s", err);
 }
 
 Test(config, redaction_never_shows_a_raw_password)
