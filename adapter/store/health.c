@@ -20,6 +20,7 @@
 #include "db/client.h"
 #include "db/connect.h"
 #include "db/error.h"
+#include "util/bgthread.h"
 
 #define NS_PER_MS UINT64_C(1000000)
 #define TEXT_MAX 900 /* a failure's text; the reason adds a prefix */
@@ -39,12 +40,7 @@ struct db_health {
     db_connect_timeouts timeouts;
     uint64_t interval_ns, stale_ns;
     unsigned timeout_s;
-    uv_thread_t thread;
-
-    uv_mutex_t lock;
-    uv_cond_t wake;
-    /* Guarded by lock. */
-    bool stopping;
+    bgthread thread; /* its lock guards the fields below */
     int fd;                /* the connection's socket while connected, else -1 */
     uint64_t started_ns;   /* db_health_start: the staleness clock before the first probe */
     uint64_t completed_ns; /* when the last probe completed; 0: none yet */
@@ -55,17 +51,14 @@ struct db_health {
 
 static bool stopping(db_health *h)
 {
-    uv_mutex_lock(&h->lock);
-    bool s = h->stopping;
-    uv_mutex_unlock(&h->lock);
-    return s;
+    return bgthread_stopping(&h->thread);
 }
 
 static void publish_fd(db_health *h, MYSQL *db)
 {
-    uv_mutex_lock(&h->lock);
+    uv_mutex_lock(&h->thread.lock);
     h->fd = db ? db_client_socket(db) : -1;
-    uv_mutex_unlock(&h->lock);
+    uv_mutex_unlock(&h->thread.lock);
 }
 
 static void disconnect(db_health *h, MYSQL **db)
@@ -174,14 +167,14 @@ static void health_main(void *arg)
     MYSQL *db = NULL;
     probe_result r;
     mysql_thread_init();
-    uv_mutex_lock(&h->lock);
-    while (!h->stopping) {
-        uv_mutex_unlock(&h->lock);
+    uv_mutex_lock(&h->thread.lock);
+    while (!bgthread_stopping(&h->thread)) {
+        uv_mutex_unlock(&h->thread.lock);
         uint64_t start = uv_hrtime();
         probe(h, &db, &r);
         uint64_t end = uv_hrtime();
-        uv_mutex_lock(&h->lock);
-        if (h->stopping)
+        uv_mutex_lock(&h->thread.lock);
+        if (bgthread_stopping(&h->thread))
             break;
         h->last = r;
         h->completed_ns = end;
@@ -189,11 +182,9 @@ static void health_main(void *arg)
         h->probes++;
         if (!r.ok)
             h->failures++;
-        uint64_t next = start + h->interval_ns;
-        for (uint64_t now = uv_hrtime(); !h->stopping && now < next; now = uv_hrtime())
-            uv_cond_timedwait(&h->wake, &h->lock, next - now);
+        bgthread_wait_until(&h->thread, start + h->interval_ns);
     }
-    uv_mutex_unlock(&h->lock);
+    uv_mutex_unlock(&h->thread.lock);
     disconnect(h, &db);
     mysql_thread_end();
 }
@@ -219,28 +210,17 @@ int db_health_start(const db_dsn *dsn, const db_health_options *opts, db_health 
     h->fd = -1;
     snprintf(h->last.reason, sizeof h->last.reason,
              "the database health probe has not completed yet");
-    if (uv_mutex_init(&h->lock) != 0) {
-        snprintf(err, err_len, "database health monitor: cannot create a mutex");
+    if (bgthread_init(&h->thread, "the database health monitor", err, err_len) != 0)
         goto fail;
-    }
-    if (uv_cond_init(&h->wake) != 0) {
-        snprintf(err, err_len, "database health monitor: cannot create a condition variable");
-        uv_mutex_destroy(&h->lock);
-        goto fail;
-    }
     db_library_init(); /* before the thread: mysql_library_init is not thread-safe */
     h->started_ns = uv_hrtime();
-    int rc = uv_thread_create(&h->thread, health_main, h);
-    if (rc != 0) {
-        snprintf(err, err_len, "database health monitor: cannot start its thread: %s",
-                 uv_strerror(rc));
-        uv_cond_destroy(&h->wake);
-        uv_mutex_destroy(&h->lock);
+    if (bgthread_start(&h->thread, health_main, h, "the database health monitor's thread", err,
+                       err_len) != 0)
         goto fail;
-    }
     *out = h;
     return 0;
 fail:
+    bgthread_close(&h->thread);
     explicit_bzero(h->dsn.password, sizeof h->dsn.password);
     free(h);
     return -1;
@@ -249,7 +229,7 @@ fail:
 void db_health_read(db_health *h, db_health_status *out)
 {
     uint64_t now = uv_hrtime();
-    uv_mutex_lock(&h->lock);
+    uv_mutex_lock(&h->thread.lock);
     uint64_t since = h->completed_ns ? h->completed_ns : h->started_ns;
     out->ok = h->last.ok;
     out->stale = now > since && now - since > h->stale_ns;
@@ -267,7 +247,7 @@ void db_health_read(db_health *h, db_health_status *out)
     } else {
         snprintf(out->reason, sizeof out->reason, "%s", out->ok ? "" : h->last.reason);
     }
-    uv_mutex_unlock(&h->lock);
+    uv_mutex_unlock(&h->thread.lock);
 }
 
 bool db_health_ok(db_health *h, char *reason, size_t reason_len)
@@ -279,19 +259,20 @@ bool db_health_ok(db_health *h, char *reason, size_t reason_len)
     return status.ok;
 }
 
+/* Under the thread's lock, at the stop: a read or write blocked on the socket returns now. */
+static void shut_probe_socket(void *arg)
+{
+    db_health *h = arg;
+    if (h->fd >= 0)
+        shutdown(h->fd, SHUT_RDWR);
+}
+
 void db_health_free(db_health *h)
 {
     if (!h)
         return;
-    uv_mutex_lock(&h->lock);
-    h->stopping = true;
-    if (h->fd >= 0)
-        shutdown(h->fd, SHUT_RDWR); /* a read or write blocked on it returns now */
-    uv_cond_signal(&h->wake);
-    uv_mutex_unlock(&h->lock);
-    uv_thread_join(&h->thread);
-    uv_cond_destroy(&h->wake);
-    uv_mutex_destroy(&h->lock);
+    bgthread_stop_join(&h->thread, shut_probe_socket, h);
+    bgthread_close(&h->thread);
     explicit_bzero(h->dsn.password, sizeof h->dsn.password);
     free(h);
 }

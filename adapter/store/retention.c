@@ -20,6 +20,7 @@
 #include "db/dsn.h"
 #include "db/prepare.h"
 #include "ops/log.h"
+#include "util/bgthread.h"
 
 #define RETENTION_WARN_BELOW_MS (3600 * 1000ULL)
 #define RETENTION_LOCK_WAIT_S 5
@@ -31,10 +32,7 @@ static const char delete_sql[] =
 struct retention {
     const config *cfg;
     db_dsn dsn;
-    uv_thread_t thread;
-    uv_mutex_t lock;
-    uv_cond_t wake;
-    atomic_bool stopping; /* also read between batches, without the lock */
+    bgthread thread;
     MYSQL *db;            /* the job thread's */
     MYSQL_STMT *delete_stmt;
 };
@@ -125,7 +123,7 @@ static void sweep(retention *job)
         }
         deleted += rows;
         batches++;
-        if (rows < (unsigned long long)limit || atomic_load(&job->stopping))
+        if (rows < (unsigned long long)limit || bgthread_stopping(&job->thread))
             break;
     }
 out:
@@ -150,17 +148,11 @@ static void job_main(void *arg)
     uint64_t interval_ns = job->cfg->dedup.interval_ms * 1000000ULL;
 
     mysql_thread_init();
-    while (!atomic_load(&job->stopping)) {
+    for (bool running = true; running;) {
         sweep(job);
-        uint64_t deadline = uv_hrtime() + interval_ns;
-        uv_mutex_lock(&job->lock);
-        for (;;) {
-            uint64_t now = uv_hrtime();
-            if (atomic_load(&job->stopping) || now >= deadline)
-                break;
-            uv_cond_timedwait(&job->wake, &job->lock, deadline - now);
-        }
-        uv_mutex_unlock(&job->lock);
+        uv_mutex_lock(&job->thread.lock);
+        running = bgthread_wait_until(&job->thread, uv_hrtime() + interval_ns);
+        uv_mutex_unlock(&job->thread.lock);
     }
     disconnect(job);
     mysql_thread_end();
@@ -184,23 +176,9 @@ int retention_start(const config *cfg, retention **out, char *err, size_t err_le
     }
     /* Before the job's thread starts: its first call into the client is mysql_thread_init. */
     db_library_init();
-    atomic_init(&job->stopping, false);
-    if (uv_mutex_init(&job->lock) != 0) {
-        snprintf(err, err_len, "cannot create the retention thread's lock");
-        free(job);
-        return -1;
-    }
-    if (uv_cond_init(&job->wake) != 0) {
-        snprintf(err, err_len, "cannot create the retention thread's condition variable");
-        uv_mutex_destroy(&job->lock);
-        free(job);
-        return -1;
-    }
-    int rc = uv_thread_create(&job->thread, job_main, job);
-    if (rc != 0) {
-        snprintf(err, err_len, "cannot start the retention thread: %s", uv_strerror(rc));
-        uv_cond_destroy(&job->wake);
-        uv_mutex_destroy(&job->lock);
+    if (bgthread_init(&job->thread, "the retention thread", err, err_len) != 0 ||
+        bgthread_start(&job->thread, job_main, job, "the retention thread", err, err_len) != 0) {
+        bgthread_close(&job->thread);
         free(job);
         return -1;
     }
@@ -221,12 +199,7 @@ void retention_stop(retention *job)
 {
     if (!job)
         return;
-    uv_mutex_lock(&job->lock);
-    atomic_store(&job->stopping, true);
-    uv_cond_signal(&job->wake);
-    uv_mutex_unlock(&job->lock);
-    uv_thread_join(&job->thread);
-    uv_cond_destroy(&job->wake);
-    uv_mutex_destroy(&job->lock);
+    bgthread_stop_join(&job->thread, NULL, NULL);
+    bgthread_close(&job->thread);
     free(job);
 }
