@@ -15,6 +15,7 @@
 #include "broker/tls.h"
 #include "broker/topology.h"
 #include "db/connect.h"
+#include "db/nodes.h"
 #include "db/prepare.h"
 #include "handlers/plugin_loader.h"
 #include "store/schema.h"
@@ -99,14 +100,46 @@ static int check_plugins(const config *cfg)
     return rc;
 }
 
+/* With mysql.urls: one line per node, whether it answers and takes writes, so that an operator
+ * sees a wrong port or a node that stays read-only before a failover needs it. The checks below
+ * then run on the node idemq would use. */
+static void report_database_nodes(const config *cfg)
+{
+    db_dsn dsn, one;
+    char err[1024], name[520];
+    if (cfg->mysql_url_count < 2 || db_dsn_from_config(cfg, &dsn, err, sizeof err) != 0)
+        return;
+    for (size_t i = 0; i < db_dsn_node_count(&dsn); i++) {
+        db_dsn_for_node(&dsn, i, &one);
+        db_dsn_node_name(&dsn, i, name, sizeof name);
+        MYSQL *db = db_connect(&one, NULL, err, sizeof err);
+        unsigned refused = db ? db_node_check_writable(db, err, sizeof err) : 0;
+        if (db && !refused)
+            printf("mysql   node %s: writable\n", name);
+        else
+            printf("mysql   node %s: not usable now: %s\n", name, err);
+        if (db)
+            mysql_close(db);
+    }
+    explicit_bzero(one.password, sizeof one.password);
+    explicit_bzero(dsn.password, sizeof dsn.password);
+}
+
 static int check_database(const config *cfg)
 {
-    char err[1024], redacted[512], tls[160];
-    config_redact_url(cfg->mysql_url, redacted, sizeof redacted);
+    char err[1024], redacted[560], tls[160], node[520];
+    config_redact_url(cfg->mysql_urls[0], redacted, sizeof redacted);
+    report_database_nodes(cfg);
     MYSQL *db = db_connect_config(cfg, err, sizeof err);
     if (!db) {
-        fprintf(stderr, "mysql   FAIL %s: %s\n", redacted, err);
+        fprintf(stderr, "mysql   FAIL %s: %s\n",
+                cfg->mysql_url_count > 1 ? "mysql.urls" : redacted, err);
         return 1;
+    }
+    if (cfg->mysql_url_count > 1) {
+        db_nodes_current(node, sizeof node);
+        snprintf(redacted, sizeof redacted, "node %s", node);
+        printf("mysql   using node %s\n", node);
     }
     printf("mysql   tls  %s (mysql.tls.mode %s)%s\n", db_describe_tls(db, tls, sizeof tls),
            db_tls_mode_name((db_tls_mode)cfg->mysql_tls.mode),

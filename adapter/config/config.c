@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <yaml.h>
 
-#include "config/amqp_urls.h"
+#include "config/node_urls.h"
 #include "config/document.h"
 #include "config/emit.h"
 #include "config/mysql_tls.h"
@@ -247,7 +247,7 @@ int config_load(const char *path, FILE *errors, config **out)
     }
     config_apply_defaults(&ctx, config_top_table, cfg);
     config_walk_table(&ctx, config_top_table, root, cfg, "", config_node_line(root));
-    config_finish_amqp_urls(&ctx, root, cfg);
+    config_finish_node_urls(&ctx, root, cfg);
     config_validate_amqp_tls(&ctx, cfg, root);
     config_validate_batch(&ctx, root, cfg);
     config_finish_outbox(&ctx, root, cfg);
@@ -326,7 +326,8 @@ void config_free(config *cfg)
     free(cfg->amqp_tls.cert_file);
     free(cfg->amqp_tls.key_file);
     free(cfg->amqp_tls.server_name);
-    free(cfg->mysql_url);
+    for (size_t i = 0; i < CONFIG_MAX_MYSQL_URLS; i++)
+        free(cfg->mysql_urls[i]);
     free(cfg->http_listen);
     free(cfg->amqp_password_file);
     config_free_secret(cfg->amqp_password);

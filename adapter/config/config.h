@@ -22,7 +22,8 @@
  *   sql_template.c          the `:field` placeholder parser of sql statements (pure)
  *   yaml_json.c             a plugin's `config:` YAML as JSON text
  *   url.c, units.c          URL checks and redaction; durations and sizes
- *   amqp_urls.c             amqp.url or amqp.urls (the broker nodes), and IDEMQ_AMQP_URL
+ *   node_urls.c             amqp.url(s) and mysql.url(s), the nodes of each cluster, and their
+ *                           environment overrides (IDEMQ_AMQP_URL, IDEMQ_MYSQL_URL)
  *   secrets.c, mysql_tls.c  password files (read after the walk); the mysql.tls table and rules
  *   reference.c             the Markdown reference generated from the tables
  * config/ includes policy/ (retry_policy) and nothing else of idemq: handlers/, store/ and ops/
@@ -212,6 +213,8 @@ typedef struct config_outbox {
 
 /* Broker nodes of one cluster in amqp.urls. */
 #define CONFIG_MAX_AMQP_URLS 16
+#define CONFIG_MAX_MYSQL_URLS 16
+#define CONFIG_MAX_NODE_URLS 16 /* the larger of the two */
 /* amqp.tls: how an amqps:// connection checks the broker and which client certificate it shows
  * (broker/tls.h). An amqps:// URL without a tls block gets the defaults: the system trust store,
  * verification on. The loader checks that each file can be read, that cert_file and key_file
@@ -253,8 +256,11 @@ typedef struct config {
     uint64_t heartbeat_ms;  /* 0 disables; default 30000 */
     size_t max_body;        /* bytes, default 1 MiB */
     config_amqp_tls amqp_tls; /* amqp.tls; used for amqps:// URLs */
-    /* mysql */
-    char *mysql_url;
+    /* mysql: the database nodes, from mysql.url (one), mysql.urls (a list) or IDEMQ_MYSQL_URL,
+     * in the order given; mysql_urls[0..mysql_url_count) are set, the rest NULL. They share
+     * one user, password and database (config/node_urls.h); they may hold passwords. */
+    char *mysql_urls[CONFIG_MAX_MYSQL_URLS];
+    size_t mysql_url_count; /* 1..CONFIG_MAX_MYSQL_URLS */
     unsigned workers;       /* 1..256, default 4 */
     unsigned batch;         /* mysql.batch: messages per transaction, 1..CONFIG_MAX_BATCH. The
                              * default (CONFIG_DEFAULT_BATCH) is lowered to prefetch / workers

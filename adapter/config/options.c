@@ -11,7 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "config/amqp_urls.h"
+#include "config/node_urls.h"
 #include "config/config.h"
 #include "config/consumers.h"
 #include "config/document.h"
@@ -25,25 +25,6 @@ _Static_assert(sizeof(config_log_level) == sizeof(int), "enums are stored as int
 /* A number as the text of a default, so the table and config.h cannot disagree. */
 #define DECIMAL_TEXT(n) #n
 #define DECIMAL(n) DECIMAL_TEXT(n)
-
-static int check_mysql_url(const char *text, char *err, size_t err_len)
-{
-    static const char *const schemes[] = {"mysql", NULL};
-    if (config_check_url(text, schemes, "mysql://", true, err, err_len) != 0)
-        return -1;
-    /* What only the MySQL grammar knows (a database, known parameters, lengths) fails here,
-     * with its line, rather than at the first connect. */
-    config_mysql_url parts;
-    char sub[160], redacted[256], shown[128];
-    int rc = config_parse_mysql_url(text, &parts, sub, sizeof sub);
-    explicit_bzero(&parts, sizeof parts);
-    if (rc != 0) {
-        config_redact_url(text, redacted, sizeof redacted);
-        snprintf(err, err_len, "'%s': %s", config_show(shown, sizeof shown, redacted), sub);
-        return -1;
-    }
-    return 0;
-}
 
 /* amqp.tls files are read at every connect: a typo or a permission problem must fail at load,
  * with its line, not at the first connect. */
@@ -133,7 +114,7 @@ static const opt amqp_tls_table[] = {
 
 static const opt amqp_table[] = {
     /* url is the first slot of amqp_urls; both keys, and the environment, are settled by
-     * config_finish_amqp_urls (amqp_urls.h), which also reports a missing URL. */
+     * config_finish_node_urls (node_urls.h), which also reports a missing URL. */
     {.name = "url", .type = OPT_STRING, .offset = offsetof(config, amqp_urls),
      .check = config_check_amqp_url,
      .help = "broker URL, amqp[s]://user:password@host:port/vhost; this or urls is required; "
@@ -158,9 +139,19 @@ static const opt amqp_table[] = {
 };
 
 static const opt mysql_table[] = {
-    {.name = "url", .type = OPT_STRING, .flags = OPT_REQUIRED,
-     .offset = offsetof(config, mysql_url), .env = "IDEMQ_MYSQL_URL", .check = check_mysql_url,
-     .help = "database URL, mysql://user:password@host:port/db[?socket=/path]"},
+    /* url is the first slot of mysql_urls; both keys, and the environment, are settled by
+     * config_finish_node_urls (node_urls.h), which also reports a missing URL. */
+    {.name = "url", .type = OPT_STRING, .offset = offsetof(config, mysql_urls),
+     .check = config_check_mysql_url,
+     .help = "database URL, mysql://user:password@host:port/db[?socket=/path]; this or urls is "
+             "required; env IDEMQ_MYSQL_URL (one URL or a comma-separated list) overrides url "
+             "and urls"},
+    {.name = "urls", .type = OPT_CUSTOM, .parse = config_parse_mysql_urls,
+     .help = "instead of url: a list of 1 to 16 nodes of one database cluster (same user, "
+             "password and database), tried in order from the one last used; idemq works only "
+             "on a writable node (read_only and super_read_only off; for Galera, a node of the "
+             "primary component that is ready) and moves on when its node is lost or turns "
+             "read-only"},
     {.name = "workers", .type = OPT_UINT, .offset = offsetof(config, workers), .min = 1,
      .max = 256, .def = "4", .help = "database worker threads, one connection each"},
     {.name = "batch", .type = OPT_UINT, .offset = offsetof(config, batch), .min = 1,

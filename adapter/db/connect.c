@@ -14,6 +14,7 @@
 
 #include "db/client.h"
 #include "db/error.h"
+#include "db/nodes.h"
 
 /* A plain static flag here was a data race: two threads could both see it unset and run
  * mysql_library_init concurrently (it is not thread-safe), or one could see it set before the
@@ -194,8 +195,9 @@ MYSQL *db_connect(const db_dsn *dsn, unsigned *error_number, char *err, size_t e
     return db_connect_timed(dsn, NULL, error_number, err, err_len);
 }
 
-MYSQL *db_connect_timed(const db_dsn *dsn, const db_connect_timeouts *timeouts,
-                        unsigned *error_number, char *err, size_t err_len)
+/* db_connect_timed to the one node of dsn (its host, port and socket). */
+static MYSQL *connect_node(const db_dsn *dsn, const db_connect_timeouts *timeouts,
+                           unsigned *error_number, char *err, size_t err_len)
 {
     char where[600];
     db_error failure;
@@ -326,6 +328,64 @@ const char *db_describe_tls(MYSQL *db, char *buf, size_t len)
     mysql_rollback(db);
     snprintf(buf, len, "%s, cipher %s", version, cipher);
     return buf;
+}
+
+/*
+ * Several nodes (mysql.urls): each in turn from the one last used (db/nodes.h) until one accepts
+ * the connection and takes writes. A TLS setup failure ends the round: it needs a person, and
+ * trying the next node would only hide it behind that node's answer.
+ */
+static MYSQL *connect_cluster(const db_dsn *dsn, const db_connect_timeouts *timeouts,
+                              unsigned *error_number, char *err, size_t err_len)
+{
+    size_t n = db_dsn_node_count(dsn), first = db_nodes_first(dsn);
+    size_t used = 0;
+    char why[600], name[520];
+    db_dsn one;
+    MYSQL *db = NULL;
+    used += (size_t)snprintf(err, err_len, "no MySQL node of %zu takes writes:", n);
+    for (size_t k = 0; k < n && !db; k++) {
+        size_t i = (first + k) % n;
+        unsigned number = 0;
+        db_dsn_for_node(dsn, i, &one);
+        db = connect_node(&one, timeouts, &number, why, sizeof why);
+        if (db && (number = db_node_check_writable(db, why, sizeof why)) != 0) {
+            mysql_close(db);
+            db = NULL;
+        }
+        if (db) {
+            db_nodes_connected(dsn, i);
+            break;
+        }
+        *error_number = number;
+        db_dsn_node_name(dsn, i, name, sizeof name);
+        if (used < err_len)
+            used += (size_t)snprintf(err + used, err_len - used, "%s %s: %s", k ? ";" : "", name,
+                                     why);
+        if (db_error_is_tls(number)) {
+            snprintf(err, err_len, "%s", why);
+            break;
+        }
+    }
+    explicit_bzero(one.password, sizeof one.password);
+    if (db)
+        *error_number = 0;
+    return db;
+}
+
+MYSQL *db_connect_timed(const db_dsn *dsn, const db_connect_timeouts *timeouts,
+                        unsigned *error_number, char *err, size_t err_len)
+{
+    unsigned ignored;
+    if (!error_number)
+        error_number = &ignored;
+    *error_number = 0;
+    if (db_dsn_node_count(dsn) > 1)
+        return connect_cluster(dsn, timeouts, error_number, err, err_len);
+    MYSQL *db = connect_node(dsn, timeouts, error_number, err, err_len);
+    if (db)
+        db_nodes_connected(dsn, 0);
+    return db;
 }
 
 MYSQL *db_connect_config(const struct config *cfg, char *err, size_t err_len)

@@ -47,8 +47,19 @@ int db_dsn_parse(const char *url, db_dsn *dsn, char *err, size_t err_len)
 
 int db_dsn_from_config(const config *cfg, db_dsn *dsn, char *err, size_t err_len)
 {
-    if (db_dsn_parse(cfg->mysql_url, dsn, err, err_len) != 0)
+    if (db_dsn_parse(cfg->mysql_urls[0], dsn, err, err_len) != 0)
         return -1;
+    for (size_t i = 1; i < cfg->mysql_url_count && i < DB_MAX_NODES; i++) {
+        db_dsn node;
+        int rc = db_dsn_parse(cfg->mysql_urls[i], &node, err, err_len);
+        explicit_bzero(node.password, sizeof node.password);
+        if (rc != 0)
+            return -1;
+        db_node *n = &dsn->other_nodes[dsn->other_node_count++];
+        memcpy(n->host, node.host, sizeof n->host);
+        n->port = node.port;
+        memcpy(n->socket, node.socket, sizeof n->socket);
+    }
     if (cfg->mysql_password) {
         size_t n = strlen(cfg->mysql_password);
         if (n >= sizeof dsn->password) {
@@ -64,4 +75,34 @@ int db_dsn_from_config(const config *cfg, db_dsn *dsn, char *err, size_t err_len
         .key_file = cfg->mysql_tls.key_file,
     };
     return 0;
+}
+
+size_t db_dsn_node_count(const db_dsn *dsn)
+{
+    return 1 + dsn->other_node_count;
+}
+
+void db_dsn_for_node(const db_dsn *dsn, size_t i, db_dsn *out)
+{
+    *out = *dsn;
+    out->other_node_count = 0;
+    if (i == 0)
+        return;
+    const db_node *n = &dsn->other_nodes[i - 1];
+    memcpy(out->host, n->host, sizeof out->host);
+    out->port = n->port;
+    memcpy(out->socket, n->socket, sizeof out->socket);
+}
+
+void db_dsn_node_name(const db_dsn *dsn, size_t i, char *buf, size_t len)
+{
+    const char *host = i == 0 ? dsn->host : dsn->other_nodes[i - 1].host;
+    const char *socket = i == 0 ? dsn->socket : dsn->other_nodes[i - 1].socket;
+    unsigned port = i == 0 ? dsn->port : dsn->other_nodes[i - 1].port;
+    if (socket[0])
+        snprintf(buf, len, "%s", socket);
+    else if (strchr(host, ':'))
+        snprintf(buf, len, "[%s]:%u", host, port); /* IPv6, as the URL writes it */
+    else
+        snprintf(buf, len, "%s:%u", host, port);
 }

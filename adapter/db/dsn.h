@@ -35,6 +35,14 @@ typedef struct db_tls {
 } db_tls;
 
 #define DB_PASSWORD_MAX 1024 /* bytes; config/secrets.h reads a password file up to this */
+#define DB_MAX_NODES 16       /* CONFIG_MAX_MYSQL_URLS */
+
+/* Where one node of a database cluster listens. */
+typedef struct db_node {
+    char host[256];
+    unsigned port;
+    char socket[512]; /* empty when TCP */
+} db_node;
 
 typedef struct db_dsn {
     char user[128];
@@ -45,14 +53,29 @@ typedef struct db_dsn {
     char socket[512];       /* empty when TCP */
     db_tls tls;             /* db_dsn_parse: DB_TLS_DISABLED (zeroed); db_dsn_from_config: the
                                config's */
+    /* Further nodes of the same cluster (mysql.urls after the first, whose node is host, port
+     * and socket above): db_connect tries them too (db/nodes.h). 0 for one server. */
+    db_node other_nodes[DB_MAX_NODES - 1];
+    size_t other_node_count;
 } db_dsn;
 
 /* Fills dsn from url (borrowed). Returns 0, or -1 with a reason in err (never the password). */
 int db_dsn_parse(const char *url, db_dsn *dsn, char *err, size_t err_len);
 
-/* db_dsn_parse of cfg->mysql_url, then cfg->mysql_password (from mysql.password_file) in place of
- * the URL's password when set, and cfg->mysql_tls. cfg is borrowed and must outlive dsn (dsn->tls
+/* db_dsn_parse of cfg->mysql_urls[0] and the node of every further URL (the loader made sure
+ * they share the account and database), then cfg->mysql_password (from mysql.password_file) in
+ * place of the URL's password when set, and cfg->mysql_tls. cfg is borrowed and must outlive dsn (dsn->tls
  * points into it). Returns 0, or -1 with a reason in err. */
 int db_dsn_from_config(const struct config *cfg, db_dsn *dsn, char *err, size_t err_len);
+
+/* The nodes of dsn: 1 + other_node_count. */
+size_t db_dsn_node_count(const db_dsn *dsn);
+
+/* dsn (borrowed) with node i (0 <= i < db_dsn_node_count) as its host, port and socket, and no
+ * other nodes, into *out: the connection db_connect makes to that one node. */
+void db_dsn_for_node(const db_dsn *dsn, size_t i, db_dsn *out);
+
+/* "host:port" or the socket path of node i of dsn, for messages, /readyz and metrics. */
+void db_dsn_node_name(const db_dsn *dsn, size_t i, char *buf, size_t len);
 
 #endif

@@ -15,6 +15,12 @@
 enum {
     SERVER_CONNECTION_KILLED = 1927,          /* MariaDB: KILL CONNECTION (a failover tool) */
     SERVER_CLIENT_INTERACTION_TIMEOUT = 4031, /* MySQL 8.0.24+: disconnected after wait_timeout */
+    /* Group Replication (MySQL): a member that cannot commit (no majority, ERROR state) and the
+     * rollback of a transaction that lost certification to another member's write. */
+    SERVER_GR_HOOK_ERROR = 3100,              /* ER_RUN_HOOK_ERROR, before_commit */
+    SERVER_GR_ROLLBACK_DURING_COMMIT = 3101,  /* ER_TRANSACTION_ROLLBACK_DURING_COMMIT */
+    /* MySQL: a write in a read-only transaction, as a GR secondary can answer. */
+    SERVER_READ_ONLY_TRANSACTION = 1792,      /* ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION */
 };
 
 apply_status db_error_classify(unsigned int error_number)
@@ -22,9 +28,10 @@ apply_status db_error_classify(unsigned int error_number)
     if (db_error_is_schema(error_number))
         return APPLY_UNAVAILABLE; /* an operator's fix: pause rather than burn the retry budget */
     switch (error_number) {
-    case ER_LOCK_DEADLOCK:
+    case ER_LOCK_DEADLOCK: /* also Galera's certification conflict at COMMIT */
     case ER_LOCK_WAIT_TIMEOUT:
     case ER_QUERY_INTERRUPTED:
+    case SERVER_GR_ROLLBACK_DURING_COMMIT:
         return APPLY_RETRYABLE;
     case ER_BAD_NULL_ERROR:
     case ER_TRUNCATED_WRONG_VALUE_FOR_FIELD:
@@ -49,10 +56,18 @@ apply_status db_error_classify(unsigned int error_number)
     case CR_SSL_CONNECTION_ERROR: /* a TLS connection closed or lost (setup: DB_ERROR_TLS_SETUP) */
     case ER_OPTION_PREVENTS_STATEMENT: /* --read-only after a failover */
     case ER_READ_ONLY_MODE:
+    case SERVER_READ_ONLY_TRANSACTION:
+    case ER_UNKNOWN_COM_ERROR: /* Galera: the node is outside the primary component (1047) */
+    case SERVER_GR_HOOK_ERROR: /* Group Replication: the member cannot commit now */
         return APPLY_UNAVAILABLE;
     default:
         return APPLY_RETRYABLE;
     }
+}
+
+bool db_error_is_commit_conflict(unsigned int error_number)
+{
+    return error_number == ER_LOCK_DEADLOCK || error_number == SERVER_GR_ROLLBACK_DURING_COMMIT;
 }
 
 bool db_error_is_schema(unsigned int error_number)

@@ -35,14 +35,22 @@ typedef struct db_error {
  * Maps an error number to what it means for the message:
  *   deadlock, lock wait timeout, interrupted query         → APPLY_RETRYABLE
  *   NULL into NOT NULL, bad value, too long, missing FK row → APPLY_NON_RETRYABLE
+ *   Group Replication's rollback at COMMIT (3101)          → APPLY_RETRYABLE
  *   connection refused/lost/killed/timed out (MySQL's 4031), too many connections, read-only
- *     after failover (1290 read_only/super_read_only, 1836), schema objects
- *     missing or not permitted                             → APPLY_UNAVAILABLE (pause, don't burn
+ *     after failover (1290 read_only/super_read_only, 1836, 1792), a Galera node outside the
+ *     primary component (1047), a Group Replication member that cannot commit (3100), schema
+ *     objects missing or not permitted                     → APPLY_UNAVAILABLE (pause, don't burn
  *                                                            the retry budget on an operator fix)
  * Unknown errors are retryable: the ladder ends in the DLQ, so nothing is lost either way.
  * ER_DUP_ENTRY is not classified here: only the dedup insert knows whether it means "duplicate".
  */
 apply_status db_error_classify(unsigned int error_number);
+
+/* True for the errors a COMMIT gets when a database cluster refuses the transaction for a
+ * conflict with another node's write: Galera's certification failure (1213, the deadlock number)
+ * and Group Replication's rollback during commit (3101). Nothing of the transaction stays, and
+ * running it again is the cure (store/transaction.c does, in place). */
+bool db_error_is_commit_conflict(unsigned int error_number);
 
 /* True for the APPLY_UNAVAILABLE errors that an operator fixes in the schema or the grants (a
  * missing table, column or database; access denied) rather than ones that pass by themselves (a

@@ -14,6 +14,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "db/nodes.h"
+
 static const double bucket_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                        0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
 #define BUCKETS (sizeof bucket_bounds / sizeof bucket_bounds[0])
@@ -449,6 +451,23 @@ int metrics_render(const metrics *m, char **out, size_t *len)
              "idemq_up{dependency=\"rabbitmq\"} %d\n"
              "idemq_up{dependency=\"mysql\"} %d\n",
          m->up[METRICS_DEP_RABBITMQ] ? 1 : 0, m->up[METRICS_DEP_MYSQL] ? 1 : 0);
+    char node[520], node_label[1100];
+    db_nodes_current(node, sizeof node);
+    escape_label(node, node_label, sizeof node_label);
+    emit(&b, "# HELP idemq_mysql_node The MySQL node idemq works on (mysql.url or one of "
+             "mysql.urls), by host:port or socket.\n"
+             "# TYPE idemq_mysql_node gauge\n");
+    if (node[0])
+        emit(&b, "idemq_mysql_node{node=\"%s\"} 1\n", node_label);
+    emit(&b, "# HELP idemq_mysql_failovers_total Times the MySQL node in use changed.\n"
+             "# TYPE idemq_mysql_failovers_total counter\n"
+             "idemq_mysql_failovers_total %" PRIu64 "\n"
+             "# HELP idemq_mysql_commit_conflicts_total COMMITs a database cluster refused for a "
+             "conflict with another node's write (Galera certification, Group Replication), "
+             "each run again in place.\n"
+             "# TYPE idemq_mysql_commit_conflicts_total counter\n"
+             "idemq_mysql_commit_conflicts_total %" PRIu64 "\n",
+         db_nodes_failovers(), db_nodes_conflicts());
     emit(&b, "# HELP idemq_broker_blocked Whether RabbitMQ blocks the connection (a resource "
              "alarm).\n"
              "# TYPE idemq_broker_blocked gauge\n"

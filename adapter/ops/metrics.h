@@ -15,6 +15,11 @@
  *   idemq_paused{reason="database"|"schema"} 1 while consumption is paused for that reason
  *   idemq_schema_errors_total                pauses caused by a schema error
  *   idemq_up{dependency="rabbitmq"|"mysql"}  1 when the dependency answers
+ *   idemq_mysql_node{node}                   1 for the MySQL node in use (host:port or socket;
+ *                                            absent before the first connection; db/nodes.h)
+ *   idemq_mysql_failovers_total              times the node in use changed (mysql.urls)
+ *   idemq_mysql_commit_conflicts_total       COMMITs a cluster refused for a conflict between
+ *                                            nodes, each run again in place
  *   idemq_broker_blocked                     1 while RabbitMQ blocks the connection (a resource
  *                                            alarm: connection.blocked)
  *   idemq_broker_blocked_total               connection.blocked notifications received

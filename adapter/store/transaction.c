@@ -12,6 +12,7 @@
 
 #include "db/bind.h"
 #include "db/error.h"
+#include "db/nodes.h"
 #include "db/prepare.h"
 #include "handlers/handler.h"
 #include "outbox/writer.h"
@@ -129,7 +130,9 @@ static apply_status verify_transaction(store_session *s, store_job *job, const c
     return store_transaction_ended(s, job, handler_name, status, &committed);
 }
 
-apply_status store_transaction_run(store_session *s, store_job *job)
+/* One run of the job's transaction; *commit_failed says whether it got as far as a COMMIT that
+ * failed (its error in job). */
+static apply_status run_once(store_session *s, store_job *job, bool *commit_failed)
 {
     const config_consumer *consumer = &s->cfg->consumers[job->consumer_index];
     outbox_writer_clear(s->outbox);
@@ -169,10 +172,30 @@ apply_status store_transaction_run(store_session *s, store_job *job)
     }
     /* Only a successful COMMIT makes the ack safe; a lost connection here leaves the outcome
      * unknown, and the redelivery is settled by the dedup row either way. */
-    if (mysql_commit(s->db) != 0)
+    if (mysql_commit(s->db) != 0) {
+        *commit_failed = true;
         return store_session_fail(s, job, "commit");
+    }
     s->outbox_committed += emitted;
     return status == APPLY_OK ? APPLY_COMMITTED : APPLY_STATE_NOOP;
+}
+
+apply_status store_transaction_run(store_session *s, store_job *job)
+{
+    for (unsigned run = 1;; run++) {
+        bool commit_failed = false;
+        apply_status status = run_once(s, job, &commit_failed);
+        /* A cluster that refused the COMMIT for another node's write (a hot key written on two
+         * nodes) rolled everything back; at once the other write is in, so the next run sees it.
+         * Running again here keeps such conflicts off the retry ladder, whose delays and limit
+         * are for failures that need time. */
+        if (!commit_failed || !db_error_is_commit_conflict(job->mysql_errno) ||
+            run > STORE_COMMIT_CONFLICT_RERUNS)
+            return status;
+        db_nodes_count_conflict();
+        job->error[0] = '\0';
+        job->mysql_errno = 0;
+    }
 }
 
 apply_status store_transaction_write_outbox(store_session *s, store_job *job, size_t *inserted)

@@ -27,8 +27,13 @@
  * Handlers must not use this name, nor any beginning with idemq_ (include/idemq/plugin.h). */
 #define TXN_GUARD_SAVEPOINT "idemq_txn_guard"
 
+/* How many times a transaction whose COMMIT a cluster refused for a conflict with another node
+ * (db_error_is_commit_conflict) runs again at once, before its failure counts as retryable. */
+#define STORE_COMMIT_CONFLICT_RERUNS 3
+
 /* Applies job (an APPLY job, borrowed) on the connected session s (borrowed) in a transaction of
- * its own. Never leaves a transaction open: it ends committed or rolled back. */
+ * its own, again at once (up to STORE_COMMIT_CONFLICT_RERUNS times) when its COMMIT lost a
+ * cluster's conflict. Never leaves a transaction open: it ends committed or rolled back. */
 apply_status store_transaction_run(store_session *s, store_job *job);
 
 /* Inserts job's dedup row (biz_key, handler_name borrowed) in the open transaction:

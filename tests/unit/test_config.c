@@ -232,7 +232,7 @@ Test(config, contract_example_loads_with_every_value)
     cr_assert_eq(c->prefetch, 64);
     cr_assert_eq(c->heartbeat_ms, 30000);
     cr_assert_eq(c->max_body, 1024 * 1024);
-    cr_assert_str_eq(c->mysql_url, "mysql://root@127.0.0.1:3306/idemq");
+    cr_assert_str_eq(c->mysql_urls[0], "mysql://root@127.0.0.1:3306/idemq");
     cr_assert_eq(c->workers, 4);
     /* The default batch (32) lowered to a worker's share of the default prefetch: 64 / 4. */
     cr_assert_eq(c->batch, 16);
@@ -274,7 +274,7 @@ Test(config, shipped_example_file_loads)
 {
     result r = load_path(IDEMQ_SOURCE_DIR "/examples/idemq.yaml");
     cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
-    cr_assert_str_eq(r.cfg->mysql_url, "mysql://idemq:idemq@127.0.0.1:3306/idemq");
+    cr_assert_str_eq(r.cfg->mysql_urls[0], "mysql://idemq:idemq@127.0.0.1:3306/idemq");
     cr_assert_str_eq(r.cfg->amqp_urls[0], "amqp://guest:guest@127.0.0.1:5672/%2f");
     cr_assert_eq(r.cfg->consumers[0].handler.state_machine.transition_count, 3);
     result_free(&r);
@@ -389,7 +389,7 @@ Test(config, environment_overrides_both_urls)
     result r = load_text(contract_example);
     cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
     cr_assert_str_eq(r.cfg->amqp_urls[0], "amqp://env:envpw@rabbit:5672/%2f");
-    cr_assert_str_eq(r.cfg->mysql_url, "mysql://env:envpw@db:3306/idemq");
+    cr_assert_str_eq(r.cfg->mysql_urls[0], "mysql://env:envpw@db:3306/idemq");
     result_free(&r);
 }
 
@@ -405,7 +405,7 @@ Test(config, environment_makes_urls_optional)
                   "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n");
     cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
     cr_assert_str_eq(r.cfg->amqp_urls[0], "amqp://rabbit");
-    cr_assert_str_eq(r.cfg->mysql_url, "mysql://db/idemq");
+    cr_assert_str_eq(r.cfg->mysql_urls[0], "mysql://db/idemq");
     result_free(&r);
 }
 
@@ -1733,6 +1733,136 @@ Test(config, environment_list_reports_each_bad_entry_without_passwords)
     assert_error(r, 0, "URL 2 repeats URL 1 ('amqp://u:***@env-1')");
     cr_assert_null(strstr(r.errs, "hunter2"), "password leaked:\n%s", r.errs);
     result_free(&r);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Several database nodes: mysql.urls, mysql.url, IDEMQ_MYSQL_URL (issue 21)                   */
+
+#define DB_NODES_REST                                                                              \
+    "consumers:\n"                                                                                 \
+    "  - queue: q\n"                                                                               \
+    "    handler_name: h\n"                                                                        \
+    "    handler: {table: t, key_column: id, key_field: id, "                                      \
+    "state_column: s, event_field: e, transitions: {X: {from: [A], to: B}}}\n"
+
+Test(config, mysql_urls_lists_every_node_in_order_and_the_dsn_holds_them)
+{
+    result r = load_text("amqp: {url: 'amqp://rmq'}\n"
+                         "mysql:\n"
+                         "  urls:\n"
+                         "    - 'mysql://u:p@db-1:3306/app'\n"
+                         "    - 'mysql://u:p@db-2:3307/app'\n"
+                         "    - 'mysql://u:p@[::1]:3308/app'\n" DB_NODES_REST);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->mysql_url_count, 3);
+    cr_assert_str_eq(r.cfg->mysql_urls[0], "mysql://u:p@db-1:3306/app");
+    cr_assert_str_eq(r.cfg->mysql_urls[2], "mysql://u:p@[::1]:3308/app");
+    cr_assert_null(r.cfg->mysql_urls[3]);
+
+    db_dsn dsn, one;
+    char err[256], name[520];
+    cr_assert_eq(db_dsn_from_config(r.cfg, &dsn, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(db_dsn_node_count(&dsn), 3);
+    const char *names[] = {"db-1:3306", "db-2:3307", "[::1]:3308"};
+    for (size_t i = 0; i < 3; i++) {
+        db_dsn_node_name(&dsn, i, name, sizeof name);
+        cr_assert_str_eq(name, names[i]);
+        db_dsn_for_node(&dsn, i, &one);
+        cr_assert_eq(db_dsn_node_count(&one), 1, "a node's dsn names that node only");
+        cr_assert_str_eq(one.user, "u");
+        cr_assert_str_eq(one.password, "p");
+        cr_assert_str_eq(one.database, "app");
+    }
+    db_dsn_for_node(&dsn, 1, &one);
+    cr_assert_str_eq(one.host, "db-2");
+    cr_assert_eq(one.port, 3307);
+    result_free(&r);
+}
+
+Test(config, mysql_url_alone_is_one_node)
+{
+    result r = load_text("amqp: {url: 'amqp://rmq'}\nmysql: {url: 'mysql://u:p@db-1/app'}\n"
+                         DB_NODES_REST);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->mysql_url_count, 1);
+    db_dsn dsn;
+    char err[256];
+    cr_assert_eq(db_dsn_from_config(r.cfg, &dsn, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(db_dsn_node_count(&dsn), 1);
+    result_free(&r);
+}
+
+Test(config, mysql_urls_refuses_both_keys_a_missing_url_and_duplicates)
+{
+    result r = load_text("amqp: {url: 'amqp://rmq'}\n"           /* 1 */
+                         "mysql:\n"                              /* 2 */
+                         "  url: 'mysql://db-1/app'\n"           /* 3 */
+                         "  urls: ['mysql://db-2/app']\n"        /* 4 */
+                         DB_NODES_REST);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 4, "mysql.urls: give either mysql.url (line 3) or mysql.urls, not both");
+    result_free(&r);
+
+    r = load_text("amqp: {url: 'amqp://rmq'}\nmysql: {workers: 2}\n" DB_NODES_REST);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 2, "missing required key 'mysql.url' (one database URL, or mysql.urls for "
+                       "several nodes; or set IDEMQ_MYSQL_URL)");
+    result_free(&r);
+
+    r = load_text("amqp: {url: 'amqp://rmq'}\n"                 /* 1 */
+                  "mysql:\n"                                    /* 2 */
+                  "  urls:\n"                                   /* 3 */
+                  "    - 'mysql://u:hunter2@db-1/app'\n"        /* 4 */
+                  "    - 'postgres://u:hunter2@db-2/app'\n"     /* 5 */
+                  "    - 'mysql://u:hunter2@db-1/app'\n"        /* 6 */
+                  DB_NODES_REST);
+    cr_assert_eq(r.rc, -2, "errors:\n%s", r.errs);
+    assert_error(r, 5, "mysql.urls[1]: 'postgres://u:***@db-2/app' must start with mysql://");
+    assert_error(r, 6, "mysql.urls[2]: 'mysql://u:***@db-1/app' is already mysql.urls[0]");
+    cr_assert_null(strstr(r.errs, "hunter2"), "password leaked:\n%s", r.errs);
+    result_free(&r);
+}
+
+/* Any connection may land on any node: a node with another account or database is refused at
+ * load, not discovered at the first failover. */
+Test(config, mysql_urls_must_share_the_account_and_database)
+{
+    result r = load_text("amqp: {url: 'amqp://rmq'}\n"                 /* 1 */
+                         "mysql:\n"                                    /* 2 */
+                         "  urls:\n"                                   /* 3 */
+                         "    - 'mysql://u:hunter2@db-1/app'\n"        /* 4 */
+                         "    - 'mysql://v:hunter2@db-2/app'\n"        /* 5 */
+                         "    - 'mysql://u:other@db-3/app'\n"          /* 6 */
+                         "    - 'mysql://u:hunter2@db-4/other'\n"      /* 7 */
+                         "    - 'mysql://u:hunter2@db-5:3307/app'\n"   /* 8 */
+                         DB_NODES_REST);
+    cr_assert_eq(r.rc, -3, "errors:\n%s", r.errs);
+    assert_error(r, 5, "mysql.urls[1]: its user differs from the first URL's");
+    assert_error(r, 6, "mysql.urls[2]: its password differs from the first URL's");
+    assert_error(r, 7, "mysql.urls[3]: its database differs from the first URL's");
+    cr_assert_null(strstr(r.errs, "hunter2"), "password leaked:\n%s", r.errs);
+    result_free(&r);
+}
+
+Test(config, mysql_environment_list_overrides_url_and_urls)
+{
+    setenv("IDEMQ_MYSQL_URL", "mysql://u:p@env-1:3306/app, mysql://u:p@env-2:3306/app", 1);
+    result r = load_text("amqp: {url: 'amqp://rmq'}\nmysql: {url: 'mysql://u:p@db-1/app'}\n"
+                         DB_NODES_REST);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->mysql_url_count, 2);
+    cr_assert_str_eq(r.cfg->mysql_urls[0], "mysql://u:p@env-1:3306/app");
+    cr_assert_str_eq(r.cfg->mysql_urls[1], "mysql://u:p@env-2:3306/app");
+    result_free(&r);
+
+    setenv("IDEMQ_MYSQL_URL", "mysql://u:hunter2@env-1/app,mysql://w:hunter2@env-2/app", 1);
+    r = load_text("amqp: {url: 'amqp://rmq'}\nmysql: {url: 'mysql://u:p@db-1/app'}\n"
+                  DB_NODES_REST);
+    cr_assert_eq(r.rc, -1, "errors:\n%s", r.errs);
+    assert_error(r, 0, "IDEMQ_MYSQL_URL: URL 2: its user differs from the first URL's");
+    cr_assert_null(strstr(r.errs, "hunter2"), "password leaked:\n%s", r.errs);
+    result_free(&r);
+    unsetenv("IDEMQ_MYSQL_URL");
 }
 
 /* ---- amqp.tls ------------------------------------------------------------------------------ */
