@@ -34,6 +34,7 @@
 #include "broker/tls.h"
 #include "db/connect.h"
 #include "db/error.h"
+#include "db/nodes.h"
 #include "handlers/plugin.h"
 #include "ops/http_server.h"
 #include "ops/log.h"
@@ -394,9 +395,17 @@ static bool is_ready(void *ctx, char *reason, size_t reason_len)
         return false;
     else if (!broker_is_consuming(r->broker))
         why = "not consuming";
-    if (why)
+    if (why) {
         snprintf(reason, reason_len, "%s", why);
-    return why == NULL;
+        return false;
+    }
+    reason[0] = '\0';
+    if (r->cfg->mysql_url_count > 1) {
+        char node[520];
+        db_nodes_current(node, sizeof node);
+        snprintf(reason, reason_len, "MySQL node %s", node);
+    }
+    return true;
 }
 
 static int start_http(runner *r)

@@ -323,7 +323,10 @@ static void dispatch(http_conn *c)
     case ROUTE_READYZ: {
         char reason[256] = "";
         if (!s->ready || s->ready(s->ready_ctx, reason, sizeof reason)) {
-            respond_text(c, 200, "ready\n", NULL);
+            /* A ready probe may say what it is ready with (the database node in use). */
+            snprintf(c->small_body, sizeof c->small_body, "ready%s%s\n", reason[0] ? ": " : "",
+                     reason);
+            respond_text(c, 200, c->small_body, NULL);
             return;
         }
         snprintf(c->small_body, sizeof c->small_body, "not ready: %s\n",

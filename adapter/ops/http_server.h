@@ -48,8 +48,10 @@ typedef struct http_server http_server;
 
 /*
  * Readiness of the process for /readyz, asked on the loop thread for each request. Returns true
- * when ready; otherwise writes a short human-readable reason (no newline, e.g. "database
- * unavailable (consumption paused)") into reason[0..reason_len) and returns false.
+ * when ready, with reason empty or saying what it is ready with (e.g. "MySQL node
+ * 10.0.0.2:3306", answered as "ready: MySQL node 10.0.0.2:3306"); otherwise writes a short
+ * human-readable reason (no newline, e.g. "database unavailable (consumption paused)") into
+ * reason[0..reason_len) and returns false.
  */
 typedef bool (*http_ready_cb)(void *ctx, char *reason, size_t reason_len);
 
