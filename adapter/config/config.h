@@ -261,6 +261,7 @@ typedef struct config {
      * one user, password and database (config/node_urls.h); they may hold passwords. */
     char *mysql_urls[CONFIG_MAX_MYSQL_URLS];
     size_t mysql_url_count; /* 1..CONFIG_MAX_MYSQL_URLS */
+    uint64_t mysql_read_timeout_ms; /* mysql.read_timeout, whole seconds, default 30 s */
     unsigned workers;       /* 1..256, default 4 */
     unsigned batch;         /* mysql.batch: messages per transaction, 1..CONFIG_MAX_BATCH. The
                              * default (CONFIG_DEFAULT_BATCH) is lowered to prefetch / workers

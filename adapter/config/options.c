@@ -152,6 +152,12 @@ static const opt mysql_table[] = {
              "on a writable node (read_only and super_read_only off; for Galera, a node of the "
              "primary component that is ready) and moves on when its node is lost or turns "
              "read-only"},
+    {.name = "read_timeout", .type = OPT_DURATION, .flags = OPT_WHOLE_SECONDS,
+     .offset = offsetof(config, mysql_read_timeout_ms), .min = SECONDS(3), .max = SECONDS(3600),
+     .def = "30s",
+     .help = "how long idemq waits for the database to answer before it takes the connection "
+             "for lost (and, with mysql.urls, moves to the next node): the pause a frozen node "
+             "causes. Row-lock waits are capped 2 s below it (and at 20 s)"},
     {.name = "workers", .type = OPT_UINT, .offset = offsetof(config, workers), .min = 1,
      .max = 256, .def = "4", .help = "database worker threads, one connection each"},
     {.name = "batch", .type = OPT_UINT, .offset = offsetof(config, batch), .min = 1,

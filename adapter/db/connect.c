@@ -75,8 +75,9 @@ static MYSQL *open_connection(const db_dsn *dsn, const db_connect_timeouts *time
         return NULL;
     }
     unsigned int connect_timeout = timeouts && timeouts->connect_s ? timeouts->connect_s : 5;
-    unsigned int read_timeout = timeouts && timeouts->read_s ? timeouts->read_s : 30;
-    unsigned int write_timeout = timeouts && timeouts->write_s ? timeouts->write_s : 30;
+    unsigned int io_timeout = dsn->read_timeout_s ? dsn->read_timeout_s : 30;
+    unsigned int read_timeout = timeouts && timeouts->read_s ? timeouts->read_s : io_timeout;
+    unsigned int write_timeout = timeouts && timeouts->write_s ? timeouts->write_s : io_timeout;
     mysql_options(db, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
     mysql_options(db, MYSQL_OPT_READ_TIMEOUT, &read_timeout);
     mysql_options(db, MYSQL_OPT_WRITE_TIMEOUT, &write_timeout);
@@ -299,8 +300,13 @@ static MYSQL *connect_node(const db_dsn *dsn, const db_connect_timeouts *timeout
      * it into "connection lost" (an outage that pauses every consumer). */
     /* MySQL refuses LEAST(...)'s DECIMAL for this integer variable (1232 "Incorrect argument
      * type"); MariaDB takes either. */
-    if (mysql_query(db, "SET SESSION innodb_lock_wait_timeout = "
-                        "CAST(LEAST(@@innodb_lock_wait_timeout, 20) AS UNSIGNED)") != 0) {
+    unsigned lock_wait_cap = dsn->read_timeout_s ? dsn->read_timeout_s - 2 : 20;
+    char set_lock_wait[160];
+    snprintf(set_lock_wait, sizeof set_lock_wait,
+             "SET SESSION innodb_lock_wait_timeout = "
+             "CAST(LEAST(@@innodb_lock_wait_timeout, %u) AS UNSIGNED)",
+             lock_wait_cap < 20 ? lock_wait_cap : 20);
+    if (mysql_query(db, set_lock_wait) != 0) {
         *error_number = mysql_errno(db);
         snprintf(err, err_len, "cannot set innodb_lock_wait_timeout: %s", mysql_error(db));
         mysql_close(db);

@@ -2,13 +2,16 @@
  * connect — opens a MySQL connection with idemq's session settings, the same for every part of
  * idemq that talks to the database (the DB workers, the retention job, check, migrate and run's
  * start-up check), from a db_dsn made by db_dsn_from_config:
- *   connect timeout 5 s, read and write timeouts 30 s (db_connect_timed sets others), character
- *     set utf8mb4;
+ *   connect timeout 5 s, read and write timeouts dsn->read_timeout_s (mysql.read_timeout,
+ *     default 30 s; db_connect_timed sets others), character set utf8mb4;
  *   CLIENT_FOUND_ROWS, so an UPDATE reports the rows it matched, not the rows it changed (the
  *     state machine and expect_rows rely on it);
  *   autocommit off: every statement runs in a transaction that idemq commits or rolls back;
- *   innodb_lock_wait_timeout at most 20 s, so a row-lock wait ends as a retryable 1205 before
- *     the client's 30 s read timeout turns it into "connection lost".
+ *   innodb_lock_wait_timeout at most 20 s and 2 s below the read timeout, so a row-lock wait
+ *     ends as a retryable 1205 before the client's read timeout turns it into "connection
+ *     lost".
+ * With several nodes (mysql.urls) it tries each in turn and keeps one that takes writes
+ * (db/nodes.h).
  * A caller may tighten the session afterwards (the retention job shortens its lock wait).
  *
  * TLS follows dsn->tls.mode (mysql.tls), through db/client.h (the options differ between MariaDB

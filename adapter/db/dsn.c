@@ -68,6 +68,7 @@ int db_dsn_from_config(const config *cfg, db_dsn *dsn, char *err, size_t err_len
         }
         memcpy(dsn->password, cfg->mysql_password, n + 1);
     }
+    dsn->read_timeout_s = (unsigned)(cfg->mysql_read_timeout_ms / 1000);
     dsn->tls = (db_tls){
         .mode = (db_tls_mode)cfg->mysql_tls.mode,
         .ca_file = cfg->mysql_tls.ca_file,

@@ -53,6 +53,7 @@ typedef struct db_dsn {
     char socket[512];       /* empty when TCP */
     db_tls tls;             /* db_dsn_parse: DB_TLS_DISABLED (zeroed); db_dsn_from_config: the
                                config's */
+    unsigned read_timeout_s; /* the client's read and write timeouts; 0: 30 s (mysql.read_timeout) */
     /* Further nodes of the same cluster (mysql.urls after the first, whose node is host, port
      * and socket above): db_connect tries them too (db/nodes.h). 0 for one server. */
     db_node other_nodes[DB_MAX_NODES - 1];

@@ -72,12 +72,12 @@ static db_dsn test_server(const char *variable)
 }
 
 /* Points the harness's config at the nodes (host:port, borrowed), in order, with the test's
- * database and the test server's account. */
-static void use_nodes(harness *h, const char *const *nodes, size_t n)
+ * database and the test server's account; more (borrowed) is YAML for the mysql mapping. */
+static void use_nodes(harness *h, const char *const *nodes, size_t n, const char *more)
 {
     db_dsn dsn = test_server("IDEMQ_TEST_MYSQL_URL");
     char line[2048];
-    int used = snprintf(line, sizeof line, "mysql: {workers: 2, urls: [");
+    int used = snprintf(line, sizeof line, "mysql: {workers: 2, %s urls: [", more);
     for (size_t i = 0; i < n; i++)
         used += snprintf(line + used, sizeof line - (size_t)used, "%s\"mysql://%s:%s@%s/%s\"",
                          i ? ", " : "", dsn.user, dsn.password, nodes[i], h->database);
@@ -109,7 +109,7 @@ Test(db_nodes, a_refused_node_is_passed_over_and_the_node_in_use_is_named_everyw
     snprintf(dead, sizeof dead, "127.0.0.1:%u", closed_port());
     snprintf(live, sizeof live, "%s:%u", server.host, server.port);
     const char *nodes[] = {dead, live};
-    use_nodes(&F.h, nodes, 2);
+    use_nodes(&F.h, nodes, 2, "");
 
     char *out = NULL;
     harness_run_cli_command(&F.h, "check", &out);
@@ -169,7 +169,7 @@ Test(db_nodes, a_read_only_node_is_passed_over)
     snprintf(read_only, sizeof read_only, "%s:%u", tls.host, tls.port);
     snprintf(live, sizeof live, "%s:%u", server.host, server.port);
     const char *nodes[] = {read_only, live};
-    use_nodes(&F.h, nodes, 2);
+    use_nodes(&F.h, nodes, 2, "");
 
     char *out = NULL;
     harness_run_cli_command(&F.h, "check", &out);
@@ -231,7 +231,8 @@ Test(db_nodes, a_frozen_node_under_load_is_left_for_the_next_and_each_message_ap
     snprintf(frozen, sizeof frozen, "127.0.0.1:%u", freeze_proxy_port(proxy));
     snprintf(live, sizeof live, "%s:%u", server.host, server.port);
     const char *nodes[] = {frozen, live};
-    use_nodes(&F.h, nodes, 2);
+    /* The statements in flight on the frozen node end at the read timeout: the pause. */
+    use_nodes(&F.h, nodes, 2, "read_timeout: 5s,");
     start(&F);
 
     enum { ORDERS = 1000, DUPLICATES = 200 };
