@@ -8,8 +8,9 @@ Builds the packages (scripts/package), installs them with apt-get in a fresh Deb
 it), and checks what a user gets: files, modes, conffiles, the idemq user, the systemd unit
 (systemd-analyze verify, its hardening lines), then runs the unit's own ExecStart as the idemq
 user against the test servers with NOTIFY_SOCKET pointing at this test: READY=1 once consuming,
-50 messages (5 of them duplicates) applied exactly once, SIGTERM -> STOPPING=1 and exit 0. Then
-apt-get remove (binary gone, conffiles kept) and purge (nothing left).
+50 messages (5 of them duplicates) applied exactly once, SIGTERM -> STOPPING=1 and exit 0. The
+same package installed again keeps the edited conffiles and their mode. Then apt-get remove
+(binary gone, conffiles kept) and purge (nothing left).
 
 Needs root (debootstrap, chroot, mounts), the servers of scripts/services (source .state/env for
 IDEMQ_TEST_AMQP_URL and IDEMQ_TEST_MYSQL_URL) and the host's amqp-publish, amqp-delete-queue and
@@ -18,6 +19,7 @@ exits 0 only when nothing failed. --no-build takes the .deb files already in bui
 Environment: IDEMQ_STATE_DIR (default .state), IDEMQ_DEBIAN_MIRROR (default: apt's), IDEMQ_JOBS.
 """
 import fcntl
+import hashlib
 import os
 import re
 import select
@@ -37,8 +39,11 @@ BASE_DONE = os.path.join(STATE, "package-root.done")
 APT_ARCHIVES = os.path.join(STATE, "package-apt-archives")  # downloaded .debs, kept across runs
 # What the cached root is built with; a marker with another recipe means build it again.
 RECIPE = "debootstrap --variant=minbase --include=systemd bookworm; apt-get update; v1"
-QUEUE = "idemq-pkgtest"  # fixed: its leftovers are reused, not piled up, run after run
-DATABASE = "idemq_pkgtest"
+# One name per checkout: two trees testing at once on the shared servers do not meet, and a
+# tree's leftovers (the two exchanges, which amqp-tools cannot delete) are reused run after run.
+TREE = hashlib.sha1(ROOT.encode()).hexdigest()[:8]
+QUEUE = f"idemq-pkgtest-{TREE}"
+DATABASE = f"idemq_pkgtest_{TREE}"
 MESSAGES, DUPLICATES = 50, 5
 DEADLINE = 60
 HARDENING = [
@@ -76,7 +81,8 @@ def run(args, check_rc=True, **kw):
     r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        stdin=subprocess.DEVNULL, **kw)
     if check_rc and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} exited {r.returncode}:\n{r.stdout[-3000:]}")
+        shown = re.sub(r"//([^:/@]+):[^@/]*@", r"//\1:***@", " ".join(args))  # URL passwords
+        raise RuntimeError(f"{shown} exited {r.returncode}:\n{r.stdout[-3000:]}")
     return r
 
 
@@ -170,12 +176,14 @@ def stat_of(mnt, path):
 def mysql_args():
     u = urllib.parse.urlsplit(os.environ["IDEMQ_TEST_MYSQL_URL"])
     return ["mariadb", "-h", u.hostname, "-P", str(u.port or 3306), "-u",
-            urllib.parse.unquote(u.username), f"-p{urllib.parse.unquote(u.password or '')}",
-            "--batch", "--skip-column-names"]
+            urllib.parse.unquote(u.username), "--batch", "--skip-column-names"]
 
 
 def sql(statement, database=None):
-    r = run(mysql_args() + ([database] if database else []) + ["-e", statement])
+    # The password in the environment: not on a command line that ps and error messages show.
+    password = urllib.parse.unquote(urllib.parse.urlsplit(os.environ["IDEMQ_TEST_MYSQL_URL"]).password or "")
+    r = run(mysql_args() + ([database] if database else []) + ["-e", statement],
+            env=dict(os.environ, MYSQL_PWD=password))
     return r.stdout.strip()
 
 
@@ -400,6 +408,20 @@ def run_service(mnt, exec_start, work):
         sql(f"DROP DATABASE IF EXISTS `{DATABASE}`")
 
 
+def reinstall(mnt, main):
+    """An upgrade's path (postinst configure with the old version): the edits and the
+    configuration's owner and mode survive it."""
+    r = in_root(mnt, "dpkg", "-i", f"/tmp/{os.path.basename(main)}")
+    check(r.returncode == 0, "dpkg -i of the same version again (the upgrade path)",
+          r.stdout[-2000:])
+    check(QUEUE in open(f"{mnt}/etc/idemq/idemq.yaml").read() and
+          "IDEMQ_AMQP_URL=" in open(f"{mnt}/etc/default/idemq").read(),
+          "the edited conffiles are kept")
+    got = stat_of(mnt, "/etc/idemq/idemq.yaml")
+    check(got == ("640", "root", "idemq"), "/etc/idemq/idemq.yaml is still 640 root idemq",
+          f"found {got}")
+
+
 def remove_and_purge(mnt):
     listed = [p for p in in_root(mnt, "dpkg", "-L", "idemq").stdout.splitlines() if p]
     r = apt(mnt, "remove", "idemq")
@@ -462,7 +484,10 @@ def main():
                 if check(exec_start is not None, "the unit has an ExecStart line"):
                     configure(mnt)
                     run_service(mnt, exec_start, work)
+                    reinstall(mnt, main_deb)
                 remove_and_purge(mnt)
+        except Exception as e:  # a step that could not run is a failed check, not a traceback
+            check(False, "the test ran to its end", f"{type(e).__name__}: {e}")
         finally:
             # The mounts die with the namespace; the folder they sat on is removed now (tmpfs
             # first, so the overlay's upper layer is never walked on disk).
