@@ -230,6 +230,8 @@ static void on_broker_down(void *ctx, const char *reason)
     runner *r = ctx;
     metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, false);
     log_warn(LOG_NO_CONTEXT, "RabbitMQ down (%s); unacked deliveries will be redelivered", reason);
+    if (r->state == RUN_ACTIVE) /* `systemctl status` must not keep saying "consuming" */
+        sd_notify_send(&r->notify, "STATUS=RabbitMQ connection lost, reconnecting (see /readyz)");
     outage_drop_held(&r->outage, false);
 }
 
