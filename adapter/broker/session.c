@@ -1146,6 +1146,8 @@ static void handle_event(broker_session *s, event *e)
         break;
     case EV_CONSUMING:
         s->consuming = e->flag;
+        if (!s->freeing && s->cb->on_consuming)
+            s->cb->on_consuming(s->cb->ctx, e->flag);
         break;
     case EV_CONSUMER_CANCELLED:
         if (!s->freeing && s->cb->on_consumer_cancelled)

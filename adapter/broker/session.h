@@ -60,6 +60,9 @@ typedef struct broker_session_callbacks {
     /* The broker cancelled consumer consumer_index (a consumer timeout, its queue deleted, …);
      * the session subscribes it again by itself. Optional. */
     void (*on_consumer_cancelled)(void *ctx, size_t consumer_index);
+    /* Every consumer is subscribed (true: each basic.consume was answered), or every one was
+     * cancelled as asked (false; a lost connection is on_down). Optional. */
+    void (*on_consuming)(void *ctx, bool consuming);
     /* Before any connection worked, the broker refused what the configuration asks
      * (BROKER_E_REFUSED: credentials, vhost, topology). The session stops trying; the run should
      * end. reason is borrowed. */

@@ -39,6 +39,7 @@
 #include "ops/http_server.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
+#include "ops/sd_notify.h"
 #include "outbox/relay.h"
 #include "policy/outcome.h"
 #include "run/delivery.h"
@@ -82,6 +83,8 @@ typedef struct runner {
     size_t inflight_count; /* deliveries received and not yet retired */
     metrics *metrics;
     http_server *http; /* /metrics /healthz /readyz */
+    sd_notify notify;  /* systemd's Type=notify; disabled without $NOTIFY_SOCKET */
+    bool notified_ready;
 } runner;
 
 static void close_everything(runner *r);
@@ -228,6 +231,8 @@ static void on_broker_down(void *ctx, const char *reason)
     runner *r = ctx;
     metrics_set_up(r->metrics, METRICS_DEP_RABBITMQ, false);
     log_warn(LOG_NO_CONTEXT, "RabbitMQ down (%s); unacked deliveries will be redelivered", reason);
+    if (r->state == RUN_ACTIVE) /* `systemctl status` must not keep saying "consuming" */
+        sd_notify_send(&r->notify, "STATUS=RabbitMQ connection lost, reconnecting (see /readyz)");
     outage_drop_held(&r->outage, false);
 }
 
@@ -242,6 +247,23 @@ static void on_broker_blocked(void *ctx, const char *reason)
                  reason);
     else
         log_info(LOG_NO_CONTEXT, "RabbitMQ unblocked the connection: resuming");
+}
+
+/* READY=1 waits for the first time every consumer is subscribed, not for the process to start:
+ * `systemctl start` (and units ordered after idemq) then return once messages are taken. */
+static void on_consuming(void *ctx, bool consuming)
+{
+    runner *r = ctx;
+    char state[128];
+    if (r->state != RUN_ACTIVE)
+        return;
+    if (consuming)
+        snprintf(state, sizeof state, "%sSTATUS=consuming from %zu queue(s)",
+                 r->notified_ready ? "" : "READY=1\n", r->cfg->consumer_count);
+    else
+        snprintf(state, sizeof state, "STATUS=paused, not consuming (see /readyz)");
+    sd_notify_send(&r->notify, state);
+    r->notified_ready = r->notified_ready || consuming;
 }
 
 /* Logged by the session, which subscribes the consumer again. */
@@ -334,6 +356,12 @@ static void exit_on_second_signal(int signum)
 static void begin_stopping(runner *r)
 {
     r->state = RUN_STOPPING;
+    /* systemd then waits TimeoutStopSec (the unit sets it above shutdown_timeout), not its
+     * start timeout, and shows the unit as deactivating. */
+    char state[96];
+    snprintf(state, sizeof state, "STOPPING=1\nSTATUS=stopping, finishing %zu in-flight message(s)",
+             r->inflight_count);
+    sd_notify_send(&r->notify, state);
     uv_signal_stop(&r->sigterm);
     uv_signal_stop(&r->sigint);
     struct sigaction second = {.sa_handler = exit_on_second_signal};
@@ -465,6 +493,8 @@ static int run_consumers(const config *cfg)
     }
     r->loop = loop;
     r->cfg = cfg;
+    if (sd_notify_init(&r->notify, err, sizeof err) != 0)
+        log_warn(LOG_NO_CONTEXT, "%s; not notifying the service manager", err);
     signal(SIGPIPE, SIG_IGN); /* a scraper resetting mid-response must not kill us (http_server) */
     r->callbacks = (broker_session_callbacks){.ctx = r,
                                               .on_message = on_message,
@@ -472,6 +502,7 @@ static int run_consumers(const config *cfg)
                                               .on_down = on_broker_down,
                                               .on_blocked = on_broker_blocked,
                                               .on_consumer_cancelled = on_consumer_cancelled,
+                                              .on_consuming = on_consuming,
                                               .on_fatal = on_broker_fatal};
 
     if (store_pool_new(loop, cfg, &r->store, err, sizeof err) != 0) {
@@ -540,6 +571,7 @@ static int run_consumers(const config *cfg)
     exit_code = r->exit_code;
 out_freed:
     uv_loop_close(loop);
+    sd_notify_close(&r->notify);
     metrics_free(r->metrics);
     free(r);
     return exit_code;
@@ -548,6 +580,7 @@ out:
     store_pool_free(r->store);
     uv_run(loop, UV_RUN_DEFAULT);
     uv_loop_close(loop);
+    sd_notify_close(&r->notify);
     metrics_free(r->metrics);
     free(r);
     return exit_code;
