@@ -46,7 +46,7 @@ int cli_health_parse_url(const char *url, health_target *out, char *err, size_t 
         }
         rest = host_end + 1;
     } else {
-        host_end = host + strcspn(host, ":/");
+        host_end = host + strcspn(host, ":/?#");
         rest = host_end;
     }
     size_t host_len = (size_t)(host_end - host);
