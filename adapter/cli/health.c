@@ -145,7 +145,7 @@ static int connect_one(const struct addrinfo *ai, int64_t deadline, char *err, s
         }
     }
     if (e != 0) {
-        snprintf(err, err_len, "%s", 
+        snprintf(err, err_len, "%s",
                  e == ECONNREFUSED ? "connection refused (nothing listens there: is idemq "
                                      "running, with http.listen on that port?)"
                                    : strerror(e));
@@ -258,8 +258,8 @@ int cli_health(const health_options *opts)
     config_format_duration(timeout_text, sizeof timeout_text, timeout_ms);
 
     int fd = -1, rc = 1;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
     struct addrinfo *addrs = NULL;
     int gai = getaddrinfo(target.host, target.port, &hints, &addrs);
     if (gai != 0) {
