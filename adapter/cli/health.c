@@ -130,7 +130,7 @@ static int connect_one(const struct addrinfo *ai, int64_t deadline, char *err, s
     int e = 0;
     if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
         e = errno;
-        if (e == EINPROGRESS) {
+        if (e == EINPROGRESS || e == EINTR) { /* EINTR: the connect goes on anyway */
             int ready = wait_ready(fd, POLLOUT, deadline);
             socklen_t len = sizeof e;
             if (ready == 0) {
