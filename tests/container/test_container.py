@@ -20,7 +20,8 @@ from /healthz, unhealthy on a 404, on a server that never answers and on a close
 (stand-in servers). Then a workload in a fresh vhost and a fresh database, the servers named
 `rabbitmq` and `mysql` (--add-host, resolved through /etc/hosts): `idemq migrate`, `idemq check`
 with the config the image ships, `idemq migrate` against MySQL 9.7 (caching_sha2_password;
-skipped when it does not run), and `idemq run` in containers (network=host, read-only root file
+skipped when it does not run), `idemq check` over amqps:// (the image's trust store loaded and
+refusing the test CA; the test CA as ca_file verified), and `idemq run` in containers (network=host, read-only root file
 system, config mounted read-only), N events plus N duplicate deliveries, exactly N applied, the
 queues drained, the HEALTHCHECK passing against idemq's own /healthz (skipped if idemq has no
 HTTP listener), and `podman stop` (SIGTERM) ending with exit code 0.
@@ -534,6 +535,36 @@ consumers:
         if r.returncode != 0:
             print(tail_text(r.stdout, 20), file=sys.stderr)
 
+    def tls_checks(self, config, mysql_url, names):
+        """amqps:// through the image's OpenSSL: with no ca_file the system trust store, the CA
+        bundle the image carries, is loaded and refuses the test CA's certificate (rather than
+        missing); with the test CA mounted as ca_file the handshake is verified. Skipped without
+        the TLS listener of scripts/services."""
+        port, tls_dir = self.env.get("IDEMQ_AMQPS_PORT", ""), self.env.get("IDEMQ_TEST_TLS_DIR", "")
+        ca = os.path.join(tls_dir, "ca.pem")
+        if not port.isdigit() or not port_open(int(port)) or not os.path.isfile(ca):
+            self.skip("amqps:// in a container: no RabbitMQ TLS listener here (IDEMQ_AMQPS_PORT, IDEMQ_TEST_TLS_DIR)")
+            return
+        url = f"amqps://guest:guest@127.0.0.1:{port}/{self.vhost}"
+        base = ["run", "--rm", "--no-healthcheck", "--network=host", "--read-only", *names,
+                "-e", f"IDEMQ_AMQP_URL={url}", "-e", f"IDEMQ_MYSQL_URL={mysql_url}"]
+        r = self.pm(*base, "-v", f"{config}:/etc/idemq/idemq.yaml:ro", self.image, "check", stderr=subprocess.STDOUT)
+        line = next((ln for ln in r.stdout.splitlines() if ln.startswith("amqp ")), "")
+        self.check(f"amqps:// with the image's trust store refuses the test CA (exit {r.returncode}): {line[:160]}",
+                   r.returncode != 0 and "system trust store (/etc/ssl/certs/ca-certificates.crt)" in line
+                   and "does not exist" not in line)
+        tls_config = os.path.join(CT_DIR, "idemq-tls.yaml")
+        with open(config) as f, open(tls_config, "w") as out:
+            out.write(f.read().replace("  prefetch: 64\n", "  prefetch: 64\n  tls: {ca_file: /etc/idemq/ca.pem}\n", 1))
+        os.chmod(tls_config, 0o644)
+        r = self.pm(*base, "-v", f"{tls_config}:/etc/idemq/idemq.yaml:ro", "-v", f"{ca}:/etc/idemq/ca.pem:ro",
+                    self.image, "check", stderr=subprocess.STDOUT)
+        line = next((ln for ln in r.stdout.splitlines() if ln.startswith("amqp    tls")), "")
+        self.check(f"amqps:// with the test CA as ca_file (exit {r.returncode}): {line}",
+                   r.returncode == 0 and "verified" in line)
+        if r.returncode != 0:
+            print(tail_text(r.stdout, 20), file=sys.stderr)
+
     def workload(self):
         n = self.events
         self.vhost, self.database, queue = f"idemq-ct-{RUN_ID}", f"idemq_ct_{RUN_ID}", "ct.payments"
@@ -610,6 +641,7 @@ consumers:
             print(tail_text(r.stdout, 20), file=sys.stderr)
 
         self.mysql97_check(ct_amqp_url, names)
+        self.tls_checks(config, mysql_url, names)
 
         self.container_started = True
         # (podman 4.3 logs errors about systemd timers for the HEALTHCHECK here: harmless, no systemd)
