@@ -493,6 +493,8 @@ consumers:
                    rc == 1)
         unserve()
         silent = socket.socket()
+        # The stand-in server just closed connections on this port (TIME_WAIT).
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             silent.bind(("127.0.0.1", port))
             silent.listen(8)  # the kernel completes the handshake; nobody reads or answers
