@@ -32,6 +32,8 @@ static void usage(FILE *out)
           "  outbox retry -c FILE (--id N [--id N ...] | --unroutable) [--json]\n"
           "  outbox purge -c FILE (--published [--older-than DURATION] | --unroutable |\n"
           "               --id N [--id N ...]) [--json] --yes\n"
+          "  health [--port N | --url URL] [--timeout DURATION]\n"
+          "                              GET /healthz of a running idemq; exit 0 on a 200\n"
           "  version                     print the version\n"
           "  help                        this text\n"
           "  help config                 every configuration key (Markdown)\n"
@@ -47,7 +49,12 @@ static void usage(FILE *out)
           "published or all, or a comma-separated list (default: pending,unroutable). outbox\n"
           "retry sets unroutable rows back to pending so the relay publishes them again; only\n"
           "unroutable rows are retried. outbox purge deletes published or unroutable rows, never\n"
-          "pending ones (messages not yet sent); without --yes it says what it would delete.\n",
+          "pending ones (messages not yet sent); without --yes it says what it would delete.\n"
+          "\n"
+          "health needs no config file (the container HEALTHCHECK runs it): it asks\n"
+          "http://127.0.0.1:PORT/healthz, PORT from --port, else IDEMQ_HEALTH_PORT, else 9464,\n"
+          "and waits --timeout (default 4s) for the status line; exit 1 with one line saying\n"
+          "why on anything but a 200.\n",
           out);
 }
 
@@ -73,7 +80,11 @@ typedef enum option_bit {
     OPT_UNROUTABLE = 1u << 9,
     OPT_PUBLISHED = 1u << 10,
     OPT_OLDER_THAN = 1u << 11,
+    OPT_PORT = 1u << 12,
+    OPT_URL = 1u << 13,
+    OPT_TIMEOUT = 1u << 14,
 } option_bit;
+#define OPTION_BIT_COUNT 15
 
 /* getopt_long's table; .val indexes option_bits (-c and -h, every command's, are 'c' and 'h'). */
 static const struct option long_options[] = {
@@ -91,6 +102,9 @@ static const struct option long_options[] = {
     {"unroutable", no_argument, NULL, 9},
     {"published", no_argument, NULL, 10},
     {"older-than", required_argument, NULL, 11},
+    {"port", required_argument, NULL, 12},
+    {"url", required_argument, NULL, 13},
+    {"timeout", required_argument, NULL, 14},
     {NULL, 0, NULL, 0},
 };
 
@@ -100,6 +114,7 @@ typedef struct command_line {
     bool dry_run;
     dlq_options dlq;
     outbox_options outbox;
+    health_options health;
     unsigned long long *ids; /* --id values (owned); outbox.ids points here */
 } command_line;
 
@@ -108,6 +123,7 @@ typedef struct command_spec {
     const char *const *actions; /* its verbs (dlq list ...), NULL-terminated; NULL: none */
     const char *actions_problem;
     unsigned options; /* option_bit: what it accepts besides -c and -h */
+    bool no_config;   /* reads no config file (and refuses -c); run gets cfg NULL */
     /* Sets the verb's action (index into actions); NULL when the command has none. */
     void (*set_action)(command_line *line, int action);
     /* Why the options together are wrong (a static string), or NULL; NULL: no such check. */
@@ -148,6 +164,12 @@ static int run_outbox(const config *cfg, const command_line *line)
     return cli_outbox(cfg, &line->outbox);
 }
 
+static int run_health(const config *cfg, const command_line *line)
+{
+    (void)cfg;
+    return cli_health(&line->health);
+}
+
 static void set_dlq_action(command_line *line, int action)
 {
     static const dlq_action actions[] = {DLQ_LIST, DLQ_REPLAY, DLQ_PURGE};
@@ -163,6 +185,11 @@ static void set_outbox_action(command_line *line, int action)
 static const char *outbox_options_problem(const command_line *line)
 {
     return cli_outbox_usage_problem(&line->outbox);
+}
+
+static const char *health_options_problem(const command_line *line)
+{
+    return line->health.url && line->health.port ? "--url and --port do not go together" : NULL;
 }
 
 static const char *const list_replay_purge[] = {"list", "replay", "purge", NULL};
@@ -187,6 +214,11 @@ static const command_spec commands[] = {
      .set_action = set_outbox_action,
      .options_problem = outbox_options_problem,
      .run = run_outbox},
+    {.name = "health",
+     .options = OPT_PORT | OPT_URL | OPT_TIMEOUT,
+     .no_config = true,
+     .options_problem = health_options_problem,
+     .run = run_health},
 };
 
 /* Applies option `index` (long_options' .val) with arg. Returns NULL, or why arg is wrong. */
@@ -248,6 +280,24 @@ static const char *apply_option(command_line *line, int index, const char *arg)
         line->outbox.older_than_ms = ms;
         break;
     }
+    case OPT_PORT: {
+        char *end = NULL;
+        long port = strtol(arg, &end, 10);
+        if (arg[0] < '0' || arg[0] > '9' || !end || *end || port < 1 || port > 65535)
+            return "--port takes a TCP port (1..65535)";
+        line->health.port = (unsigned)port;
+        break;
+    }
+    case OPT_URL:
+        line->health.url = arg;
+        break;
+    case OPT_TIMEOUT: {
+        uint64_t ms = 0;
+        if (config_parse_duration(arg, &ms) != 0 || ms == 0)
+            return "--timeout takes a positive duration such as 4s or 500ms";
+        line->health.timeout_ms = ms;
+        break;
+    }
     }
     return NULL;
 }
@@ -261,11 +311,16 @@ static const char *parse_options(const command_spec *c, int argc, char **argv, i
     int opt, long_index = -1;
     while ((opt = getopt_long(argc, argv, "c:h", long_options, &long_index)) != -1) {
         if (opt == 'c') {
+            if (c->no_config) {
+                snprintf(buf, buf_len, "%s reads no config file: -c is not an option of it",
+                         c->name);
+                return buf;
+            }
             line->config_path = optarg;
         } else if (opt == 'h') {
             *help = true;
             return NULL;
-        } else if (opt >= 0 && opt < 12) {
+        } else if (opt >= 0 && opt < OPTION_BIT_COUNT) {
             if (!(c->options & (1u << opt))) {
                 snprintf(buf, buf_len, "--%s is not an option of %s", long_options[long_index].name,
                          c->name);
@@ -286,7 +341,7 @@ static const char *parse_options(const command_spec *c, int argc, char **argv, i
         if (problem)
             return problem;
     }
-    if (!line->config_path)
+    if (!line->config_path && !c->no_config)
         return "no config file: pass -c FILE or set IDEMQ_CONFIG";
     return NULL;
 }
@@ -353,6 +408,11 @@ int main(int argc, char **argv)
         return usage_error(problem);
     }
 
+    if (c->no_config) {
+        int rc = c->run(NULL, &line);
+        free(line.ids);
+        return rc;
+    }
     config *cfg = NULL;
     if (config_load(line.config_path, stderr, &cfg) != 0) {
         fprintf(stderr, "idemq: %s is not valid; nothing was started\n", line.config_path);

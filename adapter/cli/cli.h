@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config/config.h"
 #include "outbox/table.h"
@@ -76,5 +77,38 @@ const char *cli_outbox_usage_problem(const outbox_options *opts);
 
 /* idemq outbox list|retry|purge, on idemq_outbox through the config's mysql connection. */
 int cli_outbox(const config *cfg, const outbox_options *opts);
+
+/* ---- idemq health: the container HEALTHCHECK's probe (cli/health.c); needs no config file ---- */
+
+#define HEALTH_DEFAULT_PORT 9464
+#define HEALTH_DEFAULT_TIMEOUT_MS 4000
+
+typedef struct health_options {
+    const char *url;     /* --url http://HOST[:PORT]/PATH (borrowed); NULL: 127.0.0.1, the port
+                            below, /healthz */
+    unsigned port;       /* --port 1..65535; 0: IDEMQ_HEALTH_PORT, else HEALTH_DEFAULT_PORT */
+    uint64_t timeout_ms; /* --timeout, for connect, request and status line together; 0: the
+                            default */
+} health_options;
+
+/* Where the probe goes: url split into its parts. */
+typedef struct health_target {
+    char host[256]; /* an IPv6 address without its brackets */
+    char port[12];
+    char path[512];
+} health_target;
+
+/* Splits url (borrowed) "http://HOST[:PORT][/PATH]" into *out (port 80, path "/" when absent;
+ * HOST may be a bracketed IPv6 address). Returns 0, or -1 with the reason in err. */
+int cli_health_parse_url(const char *url, health_target *out, char *err, size_t err_len);
+
+/* The status code of the HTTP status line at line (len bytes, borrowed; it need not be
+ * NUL-terminated nor complete past the code): "HTTP/1.x NNN ..." gives NNN; anything else -1. */
+int cli_health_status_code(const char *line, size_t len);
+
+/* idemq health: GET the target once within the timeout. Prints one line, to stdout when the
+ * answer is 200 (returns 0), else to stderr saying why (refused, timed out, closed, another
+ * status; returns 1); a bad --url or IDEMQ_HEALTH_PORT returns EXIT_USAGE. */
+int cli_health(const health_options *opts);
 
 #endif
