@@ -1,0 +1,415 @@
+/*
+ * test_db_cluster — idemq's guarantee through a database failover, on real clusters that
+ * scripts/services starts on loopback (start-galera, start-gr): every test runs 5,000 payment
+ * events plus 1,000 duplicates and breaks the cluster while they flow, then counts on a node
+ * that survived: one dedup row and one PAID order per event, no state_noop (a second
+ * application would find its order already PAID), nothing dead-lettered, and every delivery
+ * settled once (processed + deduped = 6,000).
+ *   galera/            three MariaDB 10.11 nodes with Galera (IDEMQ_TEST_GALERA_URLS)
+ *     the node idemq works on killed (kill -9), with mysql.urls;
+ *     two idemq instances on different nodes of one queue, every message updating one of four
+ *       hot rows (certification conflicts at COMMIT), a node killed: conflicts counted;
+ *     the node idemq works on frozen (SIGSTOP): the other two go on as the primary component,
+ *       idemq moves to them, and the frozen node, thawed, holds no write of its own;
+ *   group_replication/ three MySQL 9.7 nodes, single primary, MySQL Router in front
+ *     (IDEMQ_TEST_GR_URLS, IDEMQ_TEST_GR_ROUTER_URL): the primary killed, idemq connected
+ *       through the Router, and separately through mysql.urls.
+ * Each test starts its cluster if it is not running (scripts/services leaves a running one
+ * alone) and restores it after (a killed node started again, a frozen one thawed), so that the
+ * tests share one start; scripts/test stops both clusters after the suite. Release build only:
+ * the time is the clusters'. Pauses and conflict counts are logged with cr_log_info (--verbose).
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <mysql.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "db/dsn.h"
+#include "harness.h"
+
+#define EVENTS 5000
+#define DUPLICATES 1000
+#define MAX_NODES 3
+
+static harness_fixture F;
+static pid_t second_daemon;
+static char restore_command[256]; /* run by teardown: the node a test broke, made whole */
+
+static void teardown(void)
+{
+    if (second_daemon > 0)
+        harness_kill_idemq(&second_daemon);
+    harness_fixture_fini(&F);
+    if (restore_command[0]) {
+        harness_services_ok(restore_command);
+        restore_command[0] = '\0';
+    }
+}
+
+TestSuite(galera, .fini = teardown, .timeout = 300);
+TestSuite(group_replication, .fini = teardown, .timeout = 300);
+
+/* ------------------------------------------------------------------------------ the cluster */
+
+typedef struct cluster {
+    char urls[MAX_NODES][512]; /* the nodes' URLs from .state/env (database idemq) */
+    size_t count;
+} cluster;
+
+/* Starts the cluster (scripts/services start-galera or start-gr: one already running is left
+ * alone, so the tests of a pass share one start; scripts/test stops it after the pass). */
+static void require_cluster(const char *kind)
+{
+    if (geteuid() != 0)
+        cr_skip_test("the %s cluster needs root (chroot, mounts, mysqld --user)", kind);
+    char command[32];
+    snprintf(command, sizeof command, "start-%s", kind);
+    harness_services_ok(command);
+}
+
+static cluster cluster_from(const char *variable)
+{
+    cluster c = {.count = 0};
+    const char *list = getenv(variable);
+    cr_assert(list && *list, "%s is not set (source .state/env)", variable);
+    for (const char *p = list; *p && c.count < MAX_NODES;) {
+        size_t len = strcspn(p, ",");
+        snprintf(c.urls[c.count++], sizeof c.urls[0], "%.*s", (int)len, p);
+        p += len + (p[len] == ',');
+    }
+    cr_assert_eq(c.count, MAX_NODES, "%s names %zu nodes", variable, c.count);
+    return c;
+}
+
+/* url (borrowed, database idemq) with the test's database instead. */
+static void with_database(const char *url, const char *database, char *out, size_t len)
+{
+    const char *path = strrchr(url, '/');
+    cr_assert(path && path > url + strlen("mysql://"));
+    snprintf(out, len, "%.*s/%s", (int)(path - url), url, database);
+}
+
+/* The harness creates the test's database, its tables and its own connection on url (a node
+ * that the test keeps running, or the Router): set before harness_fixture_init. */
+static void harness_server(const char *url)
+{
+    setenv("IDEMQ_TEST_MYSQL_URL", url, 1);
+}
+
+/* Replaces the config's mysql line: the nodes (indexes into c, in that order) and more YAML. */
+static void use_nodes(harness *h, const cluster *c, const int *order, size_t n, const char *more)
+{
+    char line[4096], url[600];
+    int used = snprintf(line, sizeof line, "mysql: {workers: 4, read_timeout: 5s, %s urls: [",
+                        more);
+    for (size_t i = 0; i < n; i++) {
+        with_database(c->urls[order[i]], h->database, url, sizeof url);
+        used += snprintf(line + used, sizeof line - (size_t)used, "%s\"%s\"", i ? ", " : "", url);
+    }
+    snprintf(line + used, sizeof line - (size_t)used, "]}");
+    harness_config_replace_line(h, "mysql: ", line);
+}
+
+/* A connection to the test's database on node url (borrowed), for counting there. */
+static MYSQL *open_node(const char *url, const char *database)
+{
+    db_dsn dsn;
+    char err[256];
+    cr_assert(db_dsn_parse(url, &dsn, err, sizeof err) == 0, "%s", err);
+    MYSQL *db = mysql_init(NULL);
+    unsigned timeout = 5;
+    mysql_options(db, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
+    mysql_options(db, MYSQL_OPT_READ_TIMEOUT, &timeout);
+    cr_assert(mysql_real_connect(db, dsn.host, dsn.user, dsn.password, database, dsn.port, NULL,
+                                 0),
+              "cannot connect to %s:%u: %s", dsn.host, dsn.port, mysql_error(db));
+    return db;
+}
+
+/* The first column of the first row of sql on db; -1 when the query fails. */
+static long long node_scalar(MYSQL *db, const char *sql)
+{
+    if (mysql_query(db, sql) != 0)
+        return -1;
+    MYSQL_RES *res = mysql_store_result(db);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+    long long v = row && row[0] ? strtoll(row[0], NULL, 10) : -1;
+    if (res)
+        mysql_free_result(res);
+    return v;
+}
+
+/* Polls sql on db every 20 ms until it is at least min; returns the last value. */
+static long long wait_node_scalar(MYSQL *db, const char *sql, long long min, int timeout_ms)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    long long v;
+    while ((v = node_scalar(db, sql)) < min && harness_now_ms() < deadline) {
+        struct timespec ts = {0, 20 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return v;
+}
+
+/* ----------------------------------------------------------------------------- the workload */
+
+/* 5,000 orders PAYING; their payments, then 1,000 duplicates of the first ones. */
+static void publish_workload(harness *h)
+{
+    harness_insert_orders(h, "c", EVENTS, "PAYING");
+    harness_publish_payments(h, "c", EVENTS);
+}
+
+static void publish_duplicates(harness *h)
+{
+    harness_publish_payments(h, "c", DUPLICATES);
+}
+
+/* Every event applied once, on node db (borrowed): the counts of the header. log_paths: the
+ * logs of the idemq instances that ran (their summaries add up). */
+static void assert_each_event_once(harness *h, MYSQL *db, const char *const *log_paths, size_t n)
+{
+    cr_assert_eq(wait_node_scalar(db, "SELECT COUNT(*) FROM msg_dedup", EVENTS, 120000), EVENTS,
+                 "dedup rows on the surviving node");
+    cr_assert(harness_wait_queue_depth(h, h->queue, 0, 120000), "the work queue did not drain");
+    cr_assert_eq(node_scalar(db, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
+    cr_assert_eq(harness_queue_depth_of(h, ".dlq"), 0, "a message was dead-lettered");
+    long processed = 0, deduped = 0, state_noop = 0;
+    for (size_t i = 0; i < n; i++) {
+        processed += harness_summary_total(log_paths[i], "processed");
+        deduped += harness_summary_total(log_paths[i], "deduped");
+        state_noop += harness_summary_total(log_paths[i], "state_noop");
+    }
+    cr_assert_eq(state_noop, 0, "a message was applied to an order already PAID");
+    cr_assert_eq(processed + deduped, EVENTS + DUPLICATES, "processed %ld + deduped %ld", processed,
+                 deduped);
+}
+
+/* Milliseconds until the dedup rows on db pass their count at the call (the first commit after
+ * a failure), from since_ms. */
+static long long pause_until_next_commit(MYSQL *db, int64_t since_ms)
+{
+    long long before = node_scalar(db, "SELECT COUNT(*) FROM msg_dedup");
+    if (before >= EVENTS)
+        return -1;
+    wait_node_scalar(db, "SELECT COUNT(*) FROM msg_dedup", before + 1, 120000);
+    return harness_now_ms() - since_ms;
+}
+
+/* --------------------------------------------------------------------------------- Galera */
+
+Test(galera, the_node_idemq_works_on_killed_midrun_applies_each_event_once)
+{
+    require_cluster("galera");
+    cluster c = cluster_from("IDEMQ_TEST_GALERA_URLS");
+    harness_server(c.urls[2]);
+    harness_fixture_init(&F, "galera_kill", NULL);
+    const int order[] = {0, 1, 2};
+    use_nodes(&F.h, &c, order, 3, "");
+    harness_fixture_start(&F, "started consuming", 30000);
+    cr_assert(harness_log_count(&F.h, "MySQL node in use: 127.0.0.1") >= 1);
+
+    MYSQL *survivor = open_node(c.urls[2], F.h.database);
+    publish_workload(&F.h);
+    wait_node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup", EVENTS * 3 / 10, 120000);
+    harness_services_ok("kill-galera-node 1");
+    snprintf(restore_command, sizeof restore_command, "start-galera-node 1");
+    int64_t killed_at = harness_now_ms();
+    publish_duplicates(&F.h);
+    long long pause = pause_until_next_commit(survivor, killed_at);
+    cr_assert(harness_wait_log(&F.h, "MySQL node in use is now", 1, 60000),
+              "idemq did not leave the killed node");
+    cr_log_info("galera, node killed: %lld ms from the kill to the next commit", pause);
+
+    harness_stop_idemq(&F.daemon);
+    const char *logs[] = {F.h.log_path};
+    assert_each_event_once(&F.h, survivor, logs, 1);
+    mysql_close(survivor);
+}
+
+/* The conflicts: every message adds to one of four rows, from two nodes at once. */
+static const char hot_rows_handler[] =
+    "      type: sql\n"
+    "      statements:\n"
+    "        - sql: \"UPDATE orders SET status = 'PAID' WHERE order_id = :order_id AND status = "
+    "'PAYING'\"\n"
+    "          expect_rows: 1\n"
+    "        - sql: \"UPDATE hot SET n = n + 1, total = total + :amount WHERE id = MOD(:amount, "
+    "4)\"\n"
+    "          expect_rows: 1\n";
+
+/* "idemq_mysql_commit_conflicts_total" of the idemq whose log is log_path. */
+static long long conflicts_of(const char *log_path)
+{
+    harness probe = {0};
+    snprintf(probe.log_path, sizeof probe.log_path, "%s", log_path);
+    int port = harness_http_port(&probe, 10000);
+    char *body = NULL;
+    cr_assert_eq(harness_http_get(port, "/metrics", &body), 200);
+    long long n = harness_metric_value(body, "idemq_mysql_commit_conflicts_total");
+    free(body);
+    return n;
+}
+
+Test(galera, two_instances_on_two_nodes_with_hot_rows_and_a_node_killed_apply_each_event_once)
+{
+    require_cluster("galera");
+    cluster c = cluster_from("IDEMQ_TEST_GALERA_URLS");
+    harness_server(c.urls[2]);
+    harness_options o = {.handler_yaml = hot_rows_handler, .retry_set = true, .max_retries = 10};
+    harness_fixture_init(&F, "galera_hot", &o);
+    harness_sql(&F.h, "CREATE TABLE hot (id INT PRIMARY KEY, n BIGINT NOT NULL, total BIGINT NOT "
+                      "NULL) ENGINE=InnoDB");
+    harness_sql(&F.h, "INSERT INTO hot VALUES (0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0)");
+    const int first[] = {0, 2}, second[] = {1, 2};
+    use_nodes(&F.h, &c, first, 2, "");
+    harness_fixture_start(&F, "started consuming", 30000);
+    use_nodes(&F.h, &c, second, 2, ""); /* the first instance has read its file */
+    char second_log[400];
+    snprintf(second_log, sizeof second_log, "%s/second.log", F.h.dir);
+    second_daemon = harness_spawn_logged(&F.h, second_log);
+    cr_assert(harness_wait_log_in(second_log, "started consuming", 1, 30000));
+
+    MYSQL *survivor = open_node(c.urls[2], F.h.database);
+    publish_workload(&F.h);
+    wait_node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup", EVENTS * 3 / 10, 120000);
+    harness_services_ok("kill-galera-node 1"); /* the first instance's node */
+    snprintf(restore_command, sizeof restore_command, "start-galera-node 1");
+    int64_t killed_at = harness_now_ms();
+    publish_duplicates(&F.h);
+    long long pause = pause_until_next_commit(survivor, killed_at);
+    cr_assert(wait_node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup", EVENTS, 180000) ==
+              EVENTS);
+    long long conflicts = conflicts_of(F.h.log_path) + conflicts_of(second_log);
+    cr_log_info("galera, two instances on hot rows, a node killed: %lld ms to the next commit, "
+                "%lld commit conflicts run again",
+                pause, conflicts);
+    cr_assert_gt(conflicts, 0, "two nodes writing four rows had no certification conflict");
+
+    harness_stop_idemq(&F.daemon);
+    int rc = harness_stop(second_daemon, SIGTERM, 30000);
+    second_daemon = 0;
+    cr_expect_eq(rc, 0);
+    const char *logs[] = {F.h.log_path, second_log};
+    assert_each_event_once(&F.h, survivor, logs, 2);
+    cr_assert_eq(node_scalar(survivor, "SELECT SUM(n) FROM hot"), EVENTS,
+                 "the hot rows count each event once");
+    cr_assert_eq(node_scalar(survivor, "SELECT SUM(total) FROM hot"),
+                 (long long)EVENTS * (EVENTS - 1) / 2);
+    mysql_close(survivor);
+}
+
+Test(galera, the_node_idemq_works_on_frozen_midrun_is_left_and_writes_nothing_of_its_own)
+{
+    require_cluster("galera");
+    cluster c = cluster_from("IDEMQ_TEST_GALERA_URLS");
+    harness_server(c.urls[2]);
+    harness_fixture_init(&F, "galera_freeze", NULL);
+    const int order[] = {0, 1, 2};
+    use_nodes(&F.h, &c, order, 3, "");
+    harness_fixture_start(&F, "started consuming", 30000);
+
+    MYSQL *survivor = open_node(c.urls[2], F.h.database);
+    publish_workload(&F.h);
+    wait_node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup", EVENTS * 3 / 10, 120000);
+    harness_services_ok("freeze-galera-node 1");
+    snprintf(restore_command, sizeof restore_command, "thaw-galera-node 1");
+    int64_t frozen_at = harness_now_ms();
+    publish_duplicates(&F.h);
+    long long pause = pause_until_next_commit(survivor, frozen_at);
+    cr_assert(harness_wait_log(&F.h, "MySQL node in use is now", 1, 60000),
+              "idemq did not leave the frozen node");
+    cr_log_info("galera, node frozen: %lld ms from the freeze to the next commit", pause);
+    cr_assert_eq(wait_node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup", EVENTS, 120000),
+                 EVENTS);
+
+    /* Thawed, the node finds itself outside the primary component, rejoins and takes the
+     * others' state: whatever it held uncommitted when it froze is gone, so it agrees. */
+    harness_services_ok("thaw-galera-node 1");
+    restore_command[0] = '\0';
+    MYSQL *thawed = NULL;
+    for (int64_t deadline = harness_now_ms() + 60000; !thawed && harness_now_ms() < deadline;) {
+        thawed = open_node(c.urls[0], F.h.database);
+        if (node_scalar(thawed, "SELECT COUNT(*) FROM msg_dedup") != EVENTS) {
+            mysql_close(thawed);
+            thawed = NULL;
+            struct timespec ts = {0, 200 * 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    cr_assert(thawed, "the thawed node does not agree with the others within 60 s");
+    cr_assert_eq(node_scalar(thawed, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
+    mysql_close(thawed);
+
+    harness_stop_idemq(&F.daemon);
+    const char *logs[] = {F.h.log_path};
+    assert_each_event_once(&F.h, survivor, logs, 1);
+    mysql_close(survivor);
+}
+
+/* ----------------------------------------------------------------------- Group Replication */
+
+/* Kills the primary (node 1: member weights make the elections follow the Router's order) while
+ * the workload runs; idemq reaches the cluster by the Router or by mysql.urls. */
+static void kill_the_primary_midrun(bool through_router)
+{
+    require_cluster("gr");
+    cluster c = cluster_from("IDEMQ_TEST_GR_URLS");
+    const char *router = getenv("IDEMQ_TEST_GR_ROUTER_URL");
+    cr_assert(router && *router, "IDEMQ_TEST_GR_ROUTER_URL is not set");
+    /* The harness's own connection goes through the Router too: it follows the primary. */
+    harness_server(router);
+    harness_fixture_init(&F, through_router ? "gr_kill_router" : "gr_kill_urls", NULL);
+    if (through_router) {
+        char line[700], url[600];
+        with_database(router, F.h.database, url, sizeof url);
+        snprintf(line, sizeof line, "mysql: {workers: 4, read_timeout: 5s, url: \"%s\"}", url);
+        harness_config_replace_line(&F.h, "mysql: ", line);
+    } else {
+        const int order[] = {0, 1, 2};
+        use_nodes(&F.h, &c, order, 3, "");
+    }
+    harness_fixture_start(&F, "started consuming", 30000);
+
+    MYSQL *survivor = open_node(c.urls[2], F.h.database); /* a secondary: it reads */
+    publish_workload(&F.h);
+    wait_node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup", EVENTS * 3 / 10, 120000);
+    harness_services_ok("kill-gr-node 1");
+    /* Back, node 1 is a secondary that the Router's first-available RW port reaches first: it
+     * is made the primary again for the next test. */
+    snprintf(restore_command, sizeof restore_command,
+             "start-gr-node 1 && \"$IDEMQ_SERVICES\" gr-sql 1 -e "
+             "\"SELECT group_replication_set_as_primary(@@server_uuid)\"");
+    int64_t killed_at = harness_now_ms();
+    publish_duplicates(&F.h);
+    long long pause = pause_until_next_commit(survivor, killed_at);
+    cr_log_info("group replication through %s, primary killed: %lld ms from the kill to the next "
+                "commit",
+                through_router ? "the Router" : "mysql.urls", pause);
+    if (!through_router)
+        cr_assert(harness_wait_log(&F.h, "MySQL node in use is now", 1, 60000),
+                  "idemq did not leave the killed primary");
+
+    harness_stop_idemq(&F.daemon);
+    const char *logs[] = {F.h.log_path};
+    assert_each_event_once(&F.h, survivor, logs, 1);
+    mysql_close(survivor);
+    /* The harness drops its database through the Router at the end: the new primary. */
+    harness_db_reconnect(&F.h, 30000);
+}
+
+Test(group_replication, the_primary_killed_midrun_through_the_router_applies_each_event_once)
+{
+    kill_the_primary_midrun(true);
+}
+
+Test(group_replication, the_primary_killed_midrun_through_mysql_urls_applies_each_event_once)
+{
+    kill_the_primary_midrun(false);
+}
