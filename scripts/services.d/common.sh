@@ -38,9 +38,9 @@ SERVICES_START=(rabbitmq4 rabbitmq43 mysql97 rabbitmq mariadb mariadb-tls)
 # shellcheck disable=SC2034
 SERVICES_WAIT=(rabbitmq rabbitmq4 rabbitmq43 mysql97)
 # shellcheck disable=SC2034
-SERVICES_STOP=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 galera mariadb-tls mysql97)
+SERVICES_STOP=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 galera gr mariadb-tls mysql97)
 # shellcheck disable=SC2034
-SERVICES_STATUS=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 galera mariadb-tls mysql97)
+SERVICES_STATUS=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 galera gr mariadb-tls mysql97)
 # shellcheck disable=SC2034
 SERVICES_RESTART_STOP=(rabbitmq rabbitmq4 rabbitmq43 mysql97 mariadb mariadb-tls)
 
@@ -136,6 +136,7 @@ write_env() {
     maria_tls_env
     m97_env
     galera_env
+    gr_env
     if [[ $STATE_DIR != "$ROOT/.state" ]]; then
       printf 'export IDEMQ_STATE_DIR=%q\n' "$STATE_DIR"
     fi

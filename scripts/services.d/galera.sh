@@ -83,7 +83,7 @@ galera_procs() {
 galera_sql() {
   local n=$1
   shift
-  timeout 10 mariadb --defaults-file="$GALERA_DIR/node$n/my.cnf" --user=root --connect-timeout=2 \
+  timeout 5 mariadb --defaults-file="$GALERA_DIR/node$n/my.cnf" --user=root --connect-timeout=2 \
     --batch --skip-column-names "$@"
 }
 
