@@ -444,6 +444,8 @@ gr_stop_node() {
     t0=$(now_s)
     kill -CONT "$pid" 2>/dev/null || true
     log "gr node $n: stopping (pid $pid)"
+    # Leaving the group first takes about 3 s; a shutdown that leaves it takes 10 s more.
+    GR_SQL_TIMEOUT=60 gr_sql "$n" -e 'STOP GROUP_REPLICATION' >/dev/null 2>&1 || true
     sid_chroot_cmd
     shutdown_pid "gr node $n" "$pid" mysqladmin \
       "${SID_CMD[@]}" /usr/bin/mysqladmin --defaults-file="$GR_CNF" --user=root
@@ -454,9 +456,10 @@ gr_stop_node() {
 }
 
 # gr_stop: the Router, then the secondaries, the primary last (the next start-gr then finds
-# every transaction on it, and no election happens on the way down).
+# every transaction on it, and no election happens on the way down). Frozen nodes are thawed
+# first: the others would wait for them.
 gr_stop() {
-  local n pid primary="" order=()
+  local n pid primary="" others=() jobs=() j rc=0
   if ! is_root || [[ ! -e $SID_DONE ]]; then
     log "gr: not running"
     return 0
@@ -468,11 +471,17 @@ gr_stop() {
     kill -CONT "$pid" 2>/dev/null || true
   done
   for n in $(gr_running); do
-    if [[ -z $primary && $(gr_member "$n") == "ONLINE PRIMARY" ]]; then primary=$n; else order+=("$n"); fi
+    if [[ -z $primary && $(gr_member "$n") == "ONLINE PRIMARY" ]]; then primary=$n; else others+=("$n"); fi
   done
-  [[ -z $primary ]] || order+=("$primary")
-  ((${#order[@]})) || log "gr: not running"
-  for n in "${order[@]}"; do gr_stop_node "$n"; done
+  ((${#others[@]})) || [[ -n $primary ]] || log "gr: not running"
+  # The others at once (each takes a few seconds to leave and shut down), then the primary.
+  for n in "${others[@]}"; do
+    gr_stop_node "$n" &
+    jobs+=($!)
+  done
+  for j in "${jobs[@]}"; do wait "$j" || rc=1; done
+  ((rc == 0)) || die "gr: a node did not stop"
+  [[ -z $primary ]] || gr_stop_node "$primary"
   for n in $(seq "$GR_SIZE"); do gr_vars "$n" && sid_sweep "gr node $n" "$GR_IN/"; done
   gr_unlock
 }
