@@ -4,8 +4,8 @@
 # .state/env.
 #
 # The services: rabbitmq (3.10), rabbitmq4, rabbitmq43, mariadb, mariadb-tls, mysql97 (both
-# MySQL 9.7 servers), cluster, cluster43, galera, gr. Each file defines, for each of its services NAME
-# (with - as _ in function names):
+# MySQL 9.7 servers), cluster, cluster43, galera, gr. Each file defines, for each of its
+# services NAME (with - as _ in function names):
 #   svc_NAME_prepare   its files (folders, configuration, certificates); starts nothing
 #   svc_NAME_start     start it: launch it (or its whole start in the background) and return
 #                      without waiting where it can; one already running is left alone

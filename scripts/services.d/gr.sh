@@ -40,8 +40,8 @@
 # again (as a secondary), a write through the RW port is refused there with 1290
 # (--super-read-only); RO may land on the primary. TLS passes through to the servers
 # (client_ssl_mode=PASSTHROUGH). A test that needs the primary back on node 1 says so:
-# gr-sql 1 -e "SELECT group_replication_set_as_primary(@@server_uuid)". It runs in the root as the mysql user, state in
-# /var/lib/idemq-gr-router.
+# gr-sql 1 -e "SELECT group_replication_set_as_primary(@@server_uuid)". It runs in the root as
+# the mysql user, state in /var/lib/idemq-gr-router.
 GR_SIZE=3
 GR_GROUP_NAME=6f1f0a11-2b61-4c9e-9d0c-1d3e40a7c341 # any UUID; the same on every node
 GR_ROUTER_IN=/var/lib/idemq-gr-router

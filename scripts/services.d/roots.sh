@@ -114,7 +114,8 @@ r4_build_root() {
 # once per state folder on first use and reused; $SID_DONE marks a completed build (a root made
 # by hand with the same recipe is taken as it is once it has that marker), so an interrupted
 # build is redone. mysql-router (the Group Replication cluster's, gr.sh) came later: gr.sh
-# installs it into a root built without it (sid_ensure_packages). sid's Release file can be past its Valid-Until date: apt is told not to mind.
+# installs it into a root built without it (sid_ensure_packages). sid's Release file can be past
+# its Valid-Until date: apt is told not to mind.
 SID_PACKAGES=(rabbitmq-server mysql-server-core mysql-client-core mysql-router libmysqlclient-dev
   build-essential cmake pkg-config libuv1-dev librabbitmq-dev libmsgpack-c-dev libjansson-dev
   libyaml-dev libcriterion-dev libssl-dev)
