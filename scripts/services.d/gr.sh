@@ -36,9 +36,11 @@
 # routing_strategy=first-available over nodes 1, 2, 3 in that order, RO on
 # 127.0.0.1:IDEMQ_GR_ROUTER_RO_PORT with round-robin over the three. Its limits: it does not
 # know which node is primary, only which accept connections: RW goes to the first node that
-# accepts a connection, and once a failover has made another node primary while node 1 runs
-# again (as a secondary), a write through the RW port is refused there with 1290
-# (--super-read-only); RO may land on the primary. TLS passes through to the servers
+# accepts a connection. Member weights (node 1 highest, then 2, then 3) make elections follow
+# that order, so when the primary dies RW reaches the new primary; but once node 1 runs again
+# it is a secondary (Group Replication never hands the primary back by itself) and a write
+# through the RW port is refused there with 1290 (--super-read-only); RO may land on the
+# primary. TLS passes through to the servers
 # (client_ssl_mode=PASSTHROUGH). A test that needs the primary back on node 1 says so:
 # gr-sql 1 -e "SELECT group_replication_set_as_primary(@@server_uuid)". It runs in the root as
 # the mysql user, state in /var/lib/idemq-gr-router.
@@ -171,6 +173,10 @@ loose-group_replication_local_address = 127.0.0.1:$GR_GCS
 loose-group_replication_group_seeds = $(IFS=, && echo "${seeds[*]}")
 loose-group_replication_ip_allowlist = 127.0.0.1/8
 loose-group_replication_recovery_get_public_key = ON
+# The Router's RW port takes the first node that accepts connections (node 1, 2, 3): the
+# elections follow that order (the highest weight wins), so after the primary dies RW reaches
+# the new primary as long as the lower nodes stay down.
+loose-group_replication_member_weight = $((70 - 10 * GR))
 # A member silent for 5 s (killed, frozen) is expelled at once rather than 5 s later: failover
 # tests wait less for the new primary.
 loose-group_replication_member_expel_timeout = 0
