@@ -36,6 +36,16 @@
 #                             5691..5693, port base + 20000, c43-: c43-1@localhost..; only
 #                             `services start-cluster43` starts it)
 #   IDEMQ_CLUSTER43_EPMD_PORT the epmd its three nodes share, on 127.0.0.1 (default 4372)
+#   IDEMQ_GALERA_PORT_BASE    SQL port of Galera node 1, then +1, +2 (default 3331: 3331..3333;
+#                             only `services start-galera` starts it)
+#   IDEMQ_GALERA_GCOMM_BASE, IDEMQ_GALERA_IST_BASE, IDEMQ_GALERA_SST_BASE
+#                             its group communication, IST and rsync SST ports, node 1 then
+#                             +1, +2 (defaults 4571, 4581, 4591)
+#   IDEMQ_GR_PORT_BASE        SQL port of Group Replication node 1 (MySQL 9.7, sid root), then
+#                             +1, +2 (default 3341: 3341..3343; only `services start-gr`)
+#   IDEMQ_GR_GCS_BASE         their group_replication_local_address ports (default 33461..33463)
+#   IDEMQ_GR_ROUTER_RW_PORT, IDEMQ_GR_ROUTER_RO_PORT
+#                             MySQL Router in front of them (defaults 6446 and 6447)
 #   IDEMQ_START_TIMEOUT       seconds to wait for a server to be ready (default 120)
 #   IDEMQ_STATE_DIR           state folder                          (default $ROOT/.state)
 # A second, independent set of services on one machine needs distinct ports and node name.
@@ -75,6 +85,14 @@ IDEMQ_CLUSTER43_PORT_BASE=${IDEMQ_CLUSTER43_PORT_BASE:-5691}
 IDEMQ_CLUSTER43_DIST_BASE=${IDEMQ_CLUSTER43_DIST_BASE:-$((IDEMQ_CLUSTER43_PORT_BASE + 20000))}
 IDEMQ_CLUSTER43_NODE_PREFIX=${IDEMQ_CLUSTER43_NODE_PREFIX:-c43-}
 IDEMQ_CLUSTER43_EPMD_PORT=${IDEMQ_CLUSTER43_EPMD_PORT:-4372}
+IDEMQ_GALERA_PORT_BASE=${IDEMQ_GALERA_PORT_BASE:-3331}
+IDEMQ_GALERA_GCOMM_BASE=${IDEMQ_GALERA_GCOMM_BASE:-4571}
+IDEMQ_GALERA_IST_BASE=${IDEMQ_GALERA_IST_BASE:-4581}
+IDEMQ_GALERA_SST_BASE=${IDEMQ_GALERA_SST_BASE:-4591}
+IDEMQ_GR_PORT_BASE=${IDEMQ_GR_PORT_BASE:-3341}
+IDEMQ_GR_GCS_BASE=${IDEMQ_GR_GCS_BASE:-33461}
+IDEMQ_GR_ROUTER_RW_PORT=${IDEMQ_GR_ROUTER_RW_PORT:-6446}
+IDEMQ_GR_ROUTER_RO_PORT=${IDEMQ_GR_ROUTER_RO_PORT:-6447}
 IDEMQ_START_TIMEOUT=${IDEMQ_START_TIMEOUT:-120}
 # epmd (Erlang's port mapper, 4369) is started by the first Erlang node: keep it on loopback.
 export ERL_EPMD_ADDRESS=127.0.0.1
@@ -225,6 +243,7 @@ resolve_server_dir() {
   SERVER_DIR=$dir
   RABBIT_DIR=$SERVER_DIR/rabbitmq
   CLUSTER_DIR=$SERVER_DIR/rabbitmq-cluster # the 3-node cluster of `services start-cluster`
+  GALERA_DIR=$SERVER_DIR/galera # the 3 Galera nodes of `services start-galera`
   MARIA_DIR=$SERVER_DIR/mariadb
   MARIA_SOCKET=$MARIA_DIR/sock
   MARIA_CNF=$MARIA_DIR/my.cnf

@@ -4,8 +4,8 @@
 # .state/env.
 #
 # The services: rabbitmq (3.10), rabbitmq4, rabbitmq43, mariadb, mariadb-tls, mysql97 (both
-# MySQL 9.7 servers), cluster, cluster43. Each file defines, for each of its services NAME
-# (with - as _ in function names):
+# MySQL 9.7 servers), cluster, cluster43, galera, gr. Each file defines, for each of its
+# services NAME (with - as _ in function names):
 #   svc_NAME_prepare   its files (folders, configuration, certificates); starts nothing
 #   svc_NAME_start     start it: launch it (or its whole start in the background) and return
 #                      without waiting where it can; one already running is left alone
@@ -38,9 +38,9 @@ SERVICES_START=(rabbitmq4 rabbitmq43 mysql97 rabbitmq mariadb mariadb-tls)
 # shellcheck disable=SC2034
 SERVICES_WAIT=(rabbitmq rabbitmq4 rabbitmq43 mysql97)
 # shellcheck disable=SC2034
-SERVICES_STOP=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 mariadb-tls mysql97)
+SERVICES_STOP=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 galera gr mariadb-tls mysql97)
 # shellcheck disable=SC2034
-SERVICES_STATUS=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 mariadb-tls mysql97)
+SERVICES_STATUS=(rabbitmq rabbitmq4 rabbitmq43 mariadb cluster cluster43 galera gr mariadb-tls mysql97)
 # shellcheck disable=SC2034
 SERVICES_RESTART_STOP=(rabbitmq rabbitmq4 rabbitmq43 mysql97 mariadb mariadb-tls)
 
@@ -135,6 +135,8 @@ write_env() {
     fi
     maria_tls_env
     m97_env
+    galera_env
+    gr_env
     if [[ $STATE_DIR != "$ROOT/.state" ]]; then
       printf 'export IDEMQ_STATE_DIR=%q\n' "$STATE_DIR"
     fi

@@ -113,8 +113,10 @@ r4_build_root() {
 # RabbitMQ 4.3 and a libmysqlclient build of idemq, so the package list serves all three. Built
 # once per state folder on first use and reused; $SID_DONE marks a completed build (a root made
 # by hand with the same recipe is taken as it is once it has that marker), so an interrupted
-# build is redone. sid's Release file can be past its Valid-Until date: apt is told not to mind.
-SID_PACKAGES=(rabbitmq-server mysql-server-core mysql-client-core libmysqlclient-dev
+# build is redone. mysql-router (the Group Replication cluster's, gr.sh) came later: gr.sh
+# installs it into a root built without it (sid_ensure_packages). sid's Release file can be past
+# its Valid-Until date: apt is told not to mind.
+SID_PACKAGES=(rabbitmq-server mysql-server-core mysql-client-core mysql-router libmysqlclient-dev
   build-essential cmake pkg-config libuv1-dev librabbitmq-dev libmsgpack-c-dev libjansson-dev
   libyaml-dev libcriterion-dev libssl-dev)
 
@@ -175,6 +177,30 @@ sid_build_root() {
   printf 'debootstrap --variant=minbase sid %s\nmysql-server-core %s\nrabbitmq-server %s\n' \
     "$mirror" "$version_mysql" "$version_rabbit" >"$SID_DONE"
   log "sid root: ready, mysql-server-core $version_mysql, rabbitmq-server $version_rabbit ($(elapsed "$t0")s)"
+}
+
+# sid_ensure_packages PKG...: install those of PKG... that a root built before they joined
+# $SID_PACKAGES lacks (a cached root is never rebuilt for a new package).
+sid_ensure_packages() {
+  local pkg missing=() lock blog=$LOG_DIR/sid-packages.log
+  for pkg in "$@"; do
+    [[ $(dpkg-query --admindir="$SID_ROOT/var/lib/dpkg" -W -f='${db:Status-Status}' "$pkg" 2>/dev/null) == installed ]] ||
+      missing+=("$pkg")
+  done
+  ((${#missing[@]})) || return 0
+  exec {lock}>"$STATE_DIR/sid-root.lock"
+  flock "$lock"
+  log "sid root: installing ${missing[*]} into the existing root (log: $blog)"
+  # shellcheck disable=SC2016 # expanded by the sh in the root
+  if ! sid_chroot /bin/sh -c 'apt-get -o Acquire::Check-Valid-Until=false update &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"' \
+    sh "${missing[@]}" </dev/null >>"$blog" 2>&1; then
+    sid_sweep "sid root"
+    warn "sid root: installing ${missing[*]} failed (another mirror: IDEMQ_DEBIAN_MIRROR=...)"
+    show_tail "$blog"
+    exit 1
+  fi
+  exec {lock}>&-
 }
 
 # sid_ensure_root: the root, built if need be, with what the MySQL servers need that no package
