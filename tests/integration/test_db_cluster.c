@@ -171,13 +171,20 @@ static void publish_duplicates(harness *h)
     harness_publish_payments(h, "c", DUPLICATES);
 }
 
-/* Every event applied once, on node db (borrowed): the counts of the header. log_paths: the
- * logs of the idemq instances that ran (their summaries add up). */
-static void assert_each_event_once(harness *h, MYSQL *db, const char *const *log_paths, size_t n)
+/* Waits until every event has its dedup row on node db (borrowed) and the work queue is empty:
+ * then idemq may be stopped. */
+static void wait_all_settled(harness *h, MYSQL *db)
 {
-    cr_assert_eq(wait_node_scalar(db, "SELECT COUNT(*) FROM msg_dedup", EVENTS, 120000), EVENTS,
+    cr_assert_eq(wait_node_scalar(db, "SELECT COUNT(*) FROM msg_dedup", EVENTS, 180000), EVENTS,
                  "dedup rows on the surviving node");
     cr_assert(harness_wait_queue_depth(h, h->queue, 0, 120000), "the work queue did not drain");
+}
+
+/* Every event applied once, on node db (borrowed): the counts of the header. log_paths: the
+ * logs of the idemq instances that ran, stopped (their summaries add up). */
+static void assert_each_event_once(harness *h, MYSQL *db, const char *const *log_paths, size_t n)
+{
+    cr_assert_eq(node_scalar(db, "SELECT COUNT(*) FROM msg_dedup"), EVENTS);
     cr_assert_eq(node_scalar(db, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
     cr_assert_eq(harness_queue_depth_of(h, ".dlq"), 0, "a message was dead-lettered");
     long processed = 0, deduped = 0, state_noop = 0;
@@ -227,6 +234,7 @@ Test(galera, the_node_idemq_works_on_killed_midrun_applies_each_event_once)
               "idemq did not leave the killed node");
     cr_log_info("galera, node killed: %lld ms from the kill to the next commit", pause);
 
+    wait_all_settled(&F.h, survivor);
     harness_stop_idemq(&F.daemon);
     const char *logs[] = {F.h.log_path};
     assert_each_event_once(&F.h, survivor, logs, 1);
@@ -284,8 +292,7 @@ Test(galera, two_instances_on_two_nodes_with_hot_rows_and_a_node_killed_apply_ea
     int64_t killed_at = harness_now_ms();
     publish_duplicates(&F.h);
     long long pause = pause_until_next_commit(survivor, killed_at);
-    cr_assert(wait_node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup", EVENTS, 180000) ==
-              EVENTS);
+    wait_all_settled(&F.h, survivor);
     long long conflicts = conflicts_of(F.h.log_path) + conflicts_of(second_log);
     cr_log_info("galera, two instances on hot rows, a node killed: %lld ms to the next commit, "
                 "%lld commit conflicts run again",
@@ -347,6 +354,7 @@ Test(galera, the_node_idemq_works_on_frozen_midrun_is_left_and_writes_nothing_of
     cr_assert_eq(node_scalar(thawed, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
     mysql_close(thawed);
 
+    wait_all_settled(&F.h, survivor);
     harness_stop_idemq(&F.daemon);
     const char *logs[] = {F.h.log_path};
     assert_each_event_once(&F.h, survivor, logs, 1);
@@ -396,6 +404,7 @@ static void kill_the_primary_midrun(bool through_router)
         cr_assert(harness_wait_log(&F.h, "MySQL node in use is now", 1, 60000),
                   "idemq did not leave the killed primary");
 
+    wait_all_settled(&F.h, survivor);
     harness_stop_idemq(&F.daemon);
     const char *logs[] = {F.h.log_path};
     assert_each_event_once(&F.h, survivor, logs, 1);
