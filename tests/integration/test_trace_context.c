@@ -451,3 +451,99 @@ Test(trace_context, migrate_adds_the_columns_and_check_names_them_until_then)
     cr_expect_eq(harness_run_cli(&F.h, &out, check), 0, "check after migrate: %s", out);
     free(out);
 }
+
+/* --------------------------------------------- batched: each message continues its own trace */
+
+#define BATCHED 12
+
+/* Messages tr-b0.. published before idemq starts (so they share transactions: mysql.batch 32,
+ * the longest linger), each with its own trace id: each emit carries its own message's trace id
+ * and span, never a neighbour's in the batch. */
+static void batched_emits(const char *name, const char *handler_head, const char *handler_tail,
+                          bool ledger)
+{
+    static char handler[2048];
+    harness_fixture_init(&F, name, NULL);
+    /* The emit's routing key (the queue named after this test's) goes between head and tail. */
+    snprintf(handler, sizeof handler, "%s%s.out%s", handler_head, F.h.queue, handler_tail);
+    harness_options o = {.handler_yaml = handler, .top_yaml = RELAY_ON, .workers = 1};
+    harness_write_config(&F.h, &o);
+    const char *base = getenv("IDEMQ_TEST_MYSQL_URL");
+    const char *path = strchr(base + strlen("mysql://"), '/');
+    const char *query = strchr(base, '?');
+    char mysql[1024];
+    snprintf(mysql, sizeof mysql,
+             "mysql: {url: \"%.*s/%s%s\", workers: 1, batch: 32, batch_linger_ms: 50}",
+             (int)(path - base), base, F.h.database, query ? query : "");
+    harness_config_replace_line(&F.h, "mysql: ", mysql);
+    debug_logs();
+    if (ledger)
+        harness_sql(&F.h, "CREATE TABLE ledger (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id "
+                          "VARCHAR(64) NOT NULL) ENGINE=InnoDB");
+    harness_insert_orders(&F.h, "b", BATCHED, "PAYING");
+    declare_emit_queue(".out");
+    harness_declare_topology(&F.h);
+    char body[256], tp[512], tid[BATCHED][TRACE_ID_HEX + 1];
+    for (int i = 0; i < BATCHED; i++) {
+        snprintf(tid[i], sizeof tid[i], "%032x", 0xa0 + i);
+        snprintf(tp, sizeof tp, "00-%s-%016x-00", tid[i], 0xb0 + i);
+        snprintf(body, sizeof body,
+                 "{\"biz_key\":\"order_id:b%d:PAY_SUCCESS\",\"order_id\":\"b%d\","
+                 "\"event_type\":\"PAY_SUCCESS\"}",
+                 i, i);
+        publish_traced(body, tp, i % 2 ? "k=odd" : NULL);
+    }
+    harness_start_idemq(&F.h, READY_LINE, DEADLINE_MS, &F.daemon);
+    emitted e[BATCHED];
+    collect_emits(e, BATCHED);
+    json_t *lines = harness_log_load(&F.h);
+    size_t i;
+    json_t *line;
+    bool batched = false;
+    json_array_foreach(lines, i, line) {
+        int n = 0;
+        if (sscanf(harness_json_str(line, "msg"), "batch of %d messages", &n) == 1 && n > 1)
+            batched = true;
+    }
+    cr_expect(batched, "no batch of more than one message formed");
+    for (int k = 0; k < BATCHED; k++) {
+        char key[64], needle[16];
+        snprintf(key, sizeof key, "order_id:b%d:PAY_SUCCESS", k);
+        snprintf(needle, sizeof needle, "\"b%d\"", k);
+        const emitted *em = emit_with(e, BATCHED, needle);
+        const char *span = span_logged(lines, key, "processed");
+        char want[TRACE_TRACEPARENT_LEN + 1];
+        snprintf(want, sizeof want, "00-%s-%s-00", tid[k], span);
+        cr_expect_str_eq(em->traceparent, want, "%s", key);
+        cr_expect_str_eq(em->tracestate, k % 2 ? "k=odd" : "", "%s", key);
+        cr_expect_eq(em->has_tracestate, k % 2 == 1, "%s", key);
+    }
+    json_decref(lines);
+}
+
+Test(trace_context, batched_state_machine_emits_each_continue_their_own_trace)
+{
+    batched_emits("trace_batch_sm",
+                  "      type: state_machine\n"
+                  "      table: orders\n"
+                  "      key_column: order_id\n"
+                  "      key_field: order_id\n"
+                  "      state_column: status\n"
+                  "      event_field: event_type\n"
+                  "      transitions:\n"
+                  "        PAY_SUCCESS:\n"
+                  "          from: [PAYING]\n"
+                  "          to: PAID\n"
+                  "          emit: {name: paid, routing_key: \"",
+                  "\", fields: {order_id: order_id}}\n", false);
+}
+
+Test(trace_context, batched_sql_handler_emits_each_continue_their_own_trace)
+{
+    batched_emits("trace_batch_sql",
+                  "      type: sql\n"
+                  "      statements:\n"
+                  "        - sql: \"INSERT INTO ledger (order_id) VALUES (:order_id)\"\n"
+                  "      emit: {name: booked, routing_key: \"",
+                  "\", fields: {order_id: order_id}}\n", true);
+}
