@@ -127,7 +127,8 @@ typedef struct outbox_listed_row {
     bool published;         /* published_at is set ... */
     long long published_ms; /* ... to this, in ms since the epoch */
     outbox_bytes handler_name, emit_name, exchange, routing_key, biz_key, source_biz_key,
-        content_type, last_error, body; /* body: only when the listing asked for it */
+        content_type, last_error, traceparent, tracestate,
+        body; /* body: only when the listing asked for it */
 } outbox_listed_row;
 
 typedef struct outbox_list_query {
