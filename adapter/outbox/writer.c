@@ -482,6 +482,13 @@ static int insert_statement(outbox_writer *w, MYSQL *db, size_t k, MYSQL_STMT **
     return 0;
 }
 
+int outbox_writer_prepare(outbox_writer *w, MYSQL *db, db_error *error)
+{
+    MYSQL_STMT *stmt;
+    outbox_writer_disconnect(w);
+    return insert_statement(w, db, 0, &stmt, error);
+}
+
 static size_t row_bytes(const outbox_row *row)
 {
     size_t n = 0;

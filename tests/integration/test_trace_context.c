@@ -15,7 +15,12 @@
  *                       letter (made from the retry copy) carries traceparent and tracestate, and
  *                       `idemq dlq replay` puts them back on the work queue unchanged.
  *   migrate             an idemq_outbox from before the trace context columns: `idemq check`
- *                       fails naming the column, `idemq migrate` adds both, check passes.
+ *                       fails naming the column; `idemq run` pauses at the first emit saying to
+ *                       run `idemq migrate`; `idemq migrate` adds both, the run resumes by itself
+ *                       and the held message's emit carries the trace; check passes.
+ *   batched             emits of messages applied in one transaction (the state machine's
+ *                       set-based path, the sql handler's savepoints) each carry their own
+ *                       message's trace id and span.
  *
  * Each test has its own database and queues (harness.h).
  */
@@ -401,7 +406,7 @@ Test(trace_context, retry_copies_dead_letters_and_replays_keep_the_trace_headers
 
 /* ---------------------------------------------------------------------------------- migrate */
 
-Test(trace_context, migrate_adds_the_columns_and_check_names_them_until_then)
+Test(trace_context, migrate_adds_the_columns_and_check_and_run_name_them_until_then)
 {
     static char handler[1024];
     harness_fixture_init(&F, "trace_migrate", NULL);
@@ -416,10 +421,13 @@ Test(trace_context, migrate_adds_the_columns_and_check_names_them_until_then)
              "        PAY_SUCCESS:\n"
              "          from: [PAYING]\n"
              "          to: PAID\n"
-             "          emit: {name: paid, routing_key: x, fields: {order_id: order_id}}\n");
-    harness_options o = {.handler_yaml = handler};
+             "          emit: {name: paid, routing_key: \"%s.paid\", fields: {order_id: "
+             "order_id}}\n",
+             F.h.queue);
+    harness_options o = {.handler_yaml = handler, .top_yaml = RELAY_ON, .workers = 1};
     harness_write_config(&F.h, &o);
-    harness_declare_topology(&F.h);
+    harness_insert_orders(&F.h, "m", 1, "PAYING");
+    declare_emit_queue(".paid");
     /* The layout of an idemq_outbox written before this version. */
     harness_sql(&F.h, "ALTER TABLE idemq_outbox DROP COLUMN traceparent, DROP COLUMN tracestate");
 
@@ -430,6 +438,16 @@ Test(trace_context, migrate_adds_the_columns_and_check_names_them_until_then)
                   strstr(out, "idemq migrate"),
               "check does not name the missing column and the fix:\n%s", out);
     free(out);
+
+    /* Run without the migration: the message's emit cannot be written; consumption pauses as
+     * for any schema error, saying what fixes it, and the message waits (not dead-lettered). */
+    harness_fixture_start(&F, READY_LINE, DEADLINE_MS);
+    publish_traced("{\"biz_key\":\"order_id:m0:PAY_SUCCESS\",\"order_id\":\"m0\","
+                   "\"event_type\":\"PAY_SUCCESS\"}",
+                   TRACEPARENT, TRACESTATE);
+    cr_assert(harness_wait_log(&F.h, "run `idemq migrate`", 1, DEADLINE_MS),
+              "idemq run did not say to run idemq migrate");
+    cr_expect_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), 0);
 
     out = NULL;
     const char *migrate[] = {"migrate", "-c", F.h.config_path, NULL};
@@ -442,6 +460,15 @@ Test(trace_context, migrate_adds_the_columns_and_check_names_them_until_then)
                                       "AND COLUMN_NAME IN ('traceparent', 'tracestate') AND "
                                       "IS_NULLABLE = 'YES'"),
                  2);
+
+    /* The paused run resumes by itself once the probe can prepare the outbox insert, and the
+     * held message's emit continues its trace. */
+    emitted e[1];
+    collect_emits(e, 1);
+    cr_expect(e[0].has_traceparent && strncmp(e[0].traceparent, "00-" TID "-", 36) == 0,
+              "the emit after the migration: traceparent '%s'", e[0].traceparent);
+    cr_expect_str_eq(e[0].tracestate, TRACESTATE);
+    cr_expect_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), 1);
 
     out = NULL;
     cr_assert_eq(harness_run_cli(&F.h, &out, migrate), 0, "a second migrate failed: %s", out);
