@@ -447,6 +447,12 @@ Test(trace_context, migrate_adds_the_columns_and_check_and_run_name_them_until_t
                    TRACEPARENT, TRACESTATE);
     cr_assert(harness_wait_log(&F.h, "run `idemq migrate`", 1, DEADLINE_MS),
               "idemq run did not say to run idemq migrate");
+    /* ... and the outage probe keeps it paused (it prepares the outbox insert too) instead of
+     * resuming into the same failure. */
+    cr_assert(harness_wait_log(&F.h, "schema error persists", 1, DEADLINE_MS),
+              "the probe did not find the outbox unmigrated");
+    cr_expect(harness_log_count_both(F.h.log_path, "schema error persists", "idemq migrate") > 0,
+              "the probe's line does not say to run idemq migrate");
     cr_expect_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), 0);
 
     out = NULL;
