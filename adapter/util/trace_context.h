@@ -12,7 +12,7 @@
  * copies are the same message, not children of it: they keep the producer's headers as they
  * are, valid or not (broker/message.c), and are not this module's concern.
  *
- * Pure: no I/O, no allocation. trace_span_id_random draws from OpenSSL's CSPRNG.
+ * Pure: no I/O, no allocation. trace_span_id_random seeds from OpenSSL's CSPRNG once per thread.
  * Errors: trace_context_read returns TRACE_CONTEXT_VALID, _ABSENT or _INVALID.
  * Thread affinity: any thread; a trace_context has one owner at a time.
  */
@@ -75,8 +75,9 @@ trace_context_status trace_context_read(trace_context *out, const char *tracepar
  * it is replaced by 1 (the caller draws from trace_span_id_random, which never returns 0). */
 void trace_context_start_span(trace_context *t, uint64_t random);
 
-/* 64 random bits, never 0, from OpenSSL's RAND_bytes (a clock-derived value if that fails, so a
- * span id always exists; uniqueness, not secrecy, is what a span id needs). */
+/* 64 random bits, never 0: a per-thread splitmix64 sequence seeded once from OpenSSL's
+ * RAND_bytes (from the clock if that fails, so a span id always exists). Uniqueness, not
+ * secrecy, is what a span id needs; see trace_context.c. */
 uint64_t trace_span_id_random(void);
 
 /* Writes the traceparent of a child of t's span ("00-" trace_id "-" span_id "-" flags) into out
