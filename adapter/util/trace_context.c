@@ -28,8 +28,11 @@ static bool lower_hex(const char *p, size_t n, bool *all_zero)
 
 bool trace_parent_parse(const char *text, size_t len, trace_context *out)
 {
-    enum { TRACE_AT = 3, PARENT_AT = TRACE_AT + TRACE_ID_HEX + 1,
-           FLAGS_AT = PARENT_AT + TRACE_SPAN_ID_HEX + 1 };
+    enum {
+        TRACE_AT = 3,
+        PARENT_AT = TRACE_AT + TRACE_ID_HEX + 1,
+        FLAGS_AT = PARENT_AT + TRACE_SPAN_ID_HEX + 1
+    };
     if (!text || len < TRACE_TRACEPARENT_LEN)
         return false;
     bool zero;

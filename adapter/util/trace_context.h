@@ -43,11 +43,11 @@ typedef enum trace_context_status {
 
 typedef struct trace_context {
     trace_context_status status;
-    char trace_id[TRACE_ID_HEX + 1];     /* lowercase hex, not all zero; "" unless VALID */
+    char trace_id[TRACE_ID_HEX + 1];       /* lowercase hex, not all zero; "" unless VALID */
     char parent_id[TRACE_SPAN_ID_HEX + 1]; /* the producer's span */
-    char flags[TRACE_FLAGS_HEX + 1];     /* trace-flags as received (sampled bit and the rest) */
-    char span_id[TRACE_SPAN_ID_HEX + 1]; /* idemq's span: "" until trace_context_start_span */
-    size_t tracestate_len;               /* 0: none to pass on */
+    char flags[TRACE_FLAGS_HEX + 1];       /* trace-flags as received (sampled bit and the rest) */
+    char span_id[TRACE_SPAN_ID_HEX + 1];   /* idemq's span: "" until trace_context_start_span */
+    size_t tracestate_len;                 /* 0: none to pass on */
     char tracestate[TRACE_TRACESTATE_MAX + 1];
 } trace_context;
 

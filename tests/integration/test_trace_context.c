@@ -134,8 +134,8 @@ static void collect_emits(emitted *out, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
         amqp_message_t msg;
-        cr_assert(get_message(emit_queue, &msg, DEADLINE_MS), "emit %zu of %zu did not arrive on %s",
-                  i + 1, count, emit_queue);
+        cr_assert(get_message(emit_queue, &msg, DEADLINE_MS),
+                  "emit %zu of %zu did not arrive on %s", i + 1, count, emit_queue);
         snprintf(out[i].body, sizeof out[i].body, "%.*s", (int)msg.body.len,
                  (const char *)msg.body.bytes);
         out[i].has_traceparent =
@@ -160,7 +160,8 @@ static size_t lines_of(json_t *lines, const char *biz_key, json_t **out, size_t 
 {
     size_t n = 0, i;
     json_t *line;
-    json_array_foreach(lines, i, line) {
+    json_array_foreach(lines, i, line)
+    {
         if (n < max && strcmp(harness_json_str(line, "biz_key"), biz_key) == 0)
             out[n++] = line;
     }
@@ -218,19 +219,20 @@ Test(trace_context, a_configured_emit_continues_the_trace_of_its_message)
 {
     static char handler[2048];
     harness_fixture_init(&F, "trace_emit", NULL);
-    snprintf(handler, sizeof handler,
-             "      type: state_machine\n"
-             "      table: orders\n"
-             "      key_column: order_id\n"
-             "      key_field: order_id\n"
-             "      state_column: status\n"
-             "      event_field: event_type\n"
-             "      transitions:\n"
-             "        PAY_SUCCESS:\n"
-             "          from: [PAYING]\n"
-             "          to: PAID\n"
-             "          emit: {name: paid, routing_key: \"%s.paid\", fields: {order_id: order_id}}\n",
-             F.h.queue);
+    snprintf(
+        handler, sizeof handler,
+        "      type: state_machine\n"
+        "      table: orders\n"
+        "      key_column: order_id\n"
+        "      key_field: order_id\n"
+        "      state_column: status\n"
+        "      event_field: event_type\n"
+        "      transitions:\n"
+        "        PAY_SUCCESS:\n"
+        "          from: [PAYING]\n"
+        "          to: PAID\n"
+        "          emit: {name: paid, routing_key: \"%s.paid\", fields: {order_id: order_id}}\n",
+        F.h.queue);
     harness_options o = {.handler_yaml = handler, .top_yaml = RELAY_ON, .workers = 2};
     harness_write_config(&F.h, &o);
     debug_logs();
@@ -282,7 +284,8 @@ Test(trace_context, a_configured_emit_continues_the_trace_of_its_message)
     size_t i;
     json_t *line;
     bool relay_line = false;
-    json_array_foreach(lines, i, line) {
+    json_array_foreach(lines, i, line)
+    {
         if (strstr(harness_json_str(line, "msg"), "outbox relay: published row") &&
             strstr(harness_json_str(line, "msg"), "order_id:tr0:PAY_SUCCESS")) {
             relay_line = true;
@@ -293,8 +296,9 @@ Test(trace_context, a_configured_emit_continues_the_trace_of_its_message)
     json_decref(lines);
 
     /* The stored row is what the relay sent. */
-    cr_expect_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM idemq_outbox WHERE source_biz_key = "
-                                      "'order_id:tr0:PAY_SUCCESS' AND tracestate = '%s'",
+    cr_expect_eq(harness_scalar(&F.h,
+                                "SELECT COUNT(*) FROM idemq_outbox WHERE source_biz_key = "
+                                "'order_id:tr0:PAY_SUCCESS' AND tracestate = '%s'",
                                 TRACESTATE),
                  1);
     cr_expect_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM idemq_outbox WHERE traceparent IS "
@@ -346,8 +350,8 @@ Test(trace_context, a_plugin_emit_continues_the_trace_of_its_message)
 Test(trace_context, retry_copies_dead_letters_and_replays_keep_the_trace_headers)
 {
     /* No order rows: every message is retryable (row missing), retried once, then dead. */
-    harness_options o = {.retry_set = true, .max_retries = 1, .base = "100ms", .jitter = "0",
-                         .workers = 1};
+    harness_options o = {
+        .retry_set = true, .max_retries = 1, .base = "100ms", .jitter = "0", .workers = 1};
     harness_fixture_init(&F, "trace_copies", &o);
     harness_fixture_start(&F, READY_LINE, DEADLINE_MS);
     publish_traced("{\"biz_key\":\"order_id:c0:PAY_SUCCESS\",\"order_id\":\"c0\","
@@ -358,8 +362,7 @@ Test(trace_context, retry_copies_dead_letters_and_replays_keep_the_trace_headers
                    TRACEPARENT, TRACESTATE);
     char dlq[160];
     snprintf(dlq, sizeof dlq, "%s.dlq", F.h.queue);
-    cr_assert(harness_wait_queue_depth(&F.h, dlq, 2, DEADLINE_MS), "the two did not reach %s",
-              dlq);
+    cr_assert(harness_wait_queue_depth(&F.h, dlq, 2, DEADLINE_MS), "the two did not reach %s", dlq);
 
     /* The retried delivery (the retry copy, consumed) carried the trace: same traceparent and
      * trace id in its lines, and a span of its own (another processing of the message). */
@@ -389,8 +392,8 @@ Test(trace_context, retry_copies_dead_letters_and_replays_keep_the_trace_headers
 
     /* The other one is replayed by `idemq dlq replay`: back on the work queue, headers kept. */
     char *out = NULL;
-    const char *args[] = {"dlq", "replay", "-c", F.h.config_path, "--queue", F.h.queue, "--all",
-                          NULL};
+    const char *args[] = {"dlq",     "replay",  "-c",    F.h.config_path,
+                          "--queue", F.h.queue, "--all", NULL};
     cr_assert_eq(harness_run_cli(&F.h, &out, args), 0, "dlq replay failed: %s", out);
     free(out);
     cr_assert(get_message(F.h.queue, &msg, DEADLINE_MS), "the replay is not on %s", F.h.queue);
@@ -434,8 +437,7 @@ Test(trace_context, migrate_adds_the_columns_and_check_and_run_name_them_until_t
     char *out = NULL;
     const char *check[] = {"check", "-c", F.h.config_path, NULL};
     cr_expect_eq(harness_run_cli(&F.h, &out, check), 1, "check passed on an old outbox: %s", out);
-    cr_expect(strstr(out, "idemq_outbox has no traceparent column") &&
-                  strstr(out, "idemq migrate"),
+    cr_expect(strstr(out, "idemq_outbox has no traceparent column") && strstr(out, "idemq migrate"),
               "check does not name the missing column and the fix:\n%s", out);
     free(out);
 
@@ -533,7 +535,8 @@ static void batched_emits(const char *name, const char *handler_head, const char
     size_t i;
     json_t *line;
     bool batched = false;
-    json_array_foreach(lines, i, line) {
+    json_array_foreach(lines, i, line)
+    {
         int n = 0;
         if (sscanf(harness_json_str(line, "msg"), "batch of %d messages", &n) == 1 && n > 1)
             batched = true;

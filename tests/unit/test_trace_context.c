@@ -40,26 +40,26 @@ Test(trace_context, invalid_values_are_rejected)
     static const char *const bad[] = {
         "",
         "00",
-        "00-" TID "-" PID "-0",                        /* short flags */
-        "00-" TID "-" PID "-011",                      /* version 00 is exactly 55 bytes */
-        "00-" TID "-" PID "-01-",                      /* ... no fields after it */
-        "00-" TID "0-" PID "-01",                      /* trace id too long */
-        "00-4bf92f3577b34da6a3ce929d0e0e473-" PID "-01", /* trace id too short */
-        "00-" TID "-00f067aa0ba902b-01",               /* parent id too short */
+        "00-" TID "-" PID "-0",                           /* short flags */
+        "00-" TID "-" PID "-011",                         /* version 00 is exactly 55 bytes */
+        "00-" TID "-" PID "-01-",                         /* ... no fields after it */
+        "00-" TID "0-" PID "-01",                         /* trace id too long */
+        "00-4bf92f3577b34da6a3ce929d0e0e473-" PID "-01",  /* trace id too short */
+        "00-" TID "-00f067aa0ba902b-01",                  /* parent id too short */
         "00-4BF92F3577B34DA6A3CE929D0E0E4736-" PID "-01", /* uppercase */
         "00-" TID "-00F067AA0BA902B7-01",
         "00-" TID "-" PID "-0A",
         "0A-" TID "-" PID "-01",
         "00-00000000000000000000000000000000-" PID "-01", /* all-zero trace id */
-        "00-" TID "-0000000000000000-01",              /* all-zero parent id */
-        "ff-" TID "-" PID "-01",                       /* version ff is forbidden */
-        "00_" TID "-" PID "-01",                       /* separators */
+        "00-" TID "-0000000000000000-01",                 /* all-zero parent id */
+        "ff-" TID "-" PID "-01",                          /* version ff is forbidden */
+        "00_" TID "-" PID "-01",                          /* separators */
         "00-" TID "_" PID "-01",
         "00-" TID "-" PID "_01",
-        "00-" TID "-" PID "-0g",                       /* not hex */
+        "00-" TID "-" PID "-0g", /* not hex */
         "00-4bf92f3577b34da6a3ce929d0e0e473g-" PID "-01",
-        "01-" TID "-" PID "-01x",                      /* a later version's extra needs a '-' */
-        " 00-" TID "-" PID "-01",                      /* surrounding blanks */
+        "01-" TID "-" PID "-01x", /* a later version's extra needs a '-' */
+        " 00-" TID "-" PID "-01", /* surrounding blanks */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_expect(!parses(bad[i]), "accepted: \"%s\"", bad[i]);
