@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "util/errors.h"
+#include "util/trace_context.h"
 
 #define HEADER_RETRIES "idemq-retries"
 #define HEADER_ERROR_CLASS "idemq-error-class"
@@ -116,8 +117,9 @@ bool message_header_counts_deliveries(amqp_bytes_t key);
 bool message_header_bytes(const amqp_basic_properties_t *props, const char *name,
                           amqp_bytes_t *out);
 
-/* W3C trace context header, logged when a producer sets it. */
-#define HEADER_TRACEPARENT "traceparent"
+/* W3C trace context header, logged when a producer sets it (as it came; util/trace_context.h
+ * parses it for the emits). */
+#define HEADER_TRACEPARENT TRACE_HEADER_TRACEPARENT
 #define MESSAGE_TRACE_ID_MAX 128
 
 /* The identifiers a producer may set outside the body, copied as NUL-terminated text (cut to

@@ -107,6 +107,9 @@ static int fail(MYSQL *db, const char *cmd, const char *doing)
     unsigned number = mysql_errno(db);
     if (number == ER_NO_SUCH_TABLE)
         fprintf(stderr, "%s: %s\n", cmd, table_missing);
+    else if (number == ER_BAD_FIELD_ERROR) /* a table from before a column this idemq reads */
+        fprintf(stderr, "%s: %s failed: %s (error %u); run `idemq migrate`\n", cmd, doing,
+                mysql_error(db), number);
     else
         fprintf(stderr, "%s: %s failed: %s (error %u)\n", cmd, doing, mysql_error(db), number);
     return 1;
@@ -406,6 +409,8 @@ static json_t *row_json(const outbox_listed_row *row)
                   {"source_biz_key", &row->source_biz_key},
                   {"content_type", &row->content_type},
                   {"last_error", &row->last_error},
+                  {"traceparent", &row->traceparent},
+                  {"tracestate", &row->tracestate},
                   {"body", &row->body}};
     for (size_t i = 0; i < sizeof binary / sizeof binary[0]; i++) {
         const outbox_bytes *b = binary[i].bytes;

@@ -41,6 +41,10 @@ typedef struct envelope {
     const char *message_id;  /* borrowed from root; NULL when absent or not a string */
     const char *event_type;  /* borrowed from root; NULL when absent or not a string */
     envelope_format format;
+    /* Not from the body: the delivery's W3C trace context (AMQP headers), set by its owner after
+     * the decode so that every handler's emits continue the trace (outbox/writer.c). Borrowed;
+     * NULL when the delivery has none or an invalid one. envelope_decode leaves it as it was. */
+    const struct trace_context *trace;
 } envelope;
 
 /*

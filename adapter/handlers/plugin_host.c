@@ -17,6 +17,7 @@
 #include "config/sql_template.h"
 #include "ops/log.h"
 #include "outbox/writer.h"
+#include "util/trace_context.h"
 
 static int host_field(const idemq_message *msg, const char *dotted_path, idemq_value *out)
 {
@@ -120,6 +121,8 @@ static void host_log(const idemq_message *msg, idemq_log_level level, const char
         .queue = msg->consumer->queue,
         .biz_key = msg->env->biz_key,
         .message_id = msg->env->message_id,
+        .trace_id = msg->env->trace ? msg->env->trace->trace_id : NULL,
+        .span_id = msg->env->trace ? msg->env->trace->span_id : NULL,
         .retries = -1,
     };
     log_write(l, &ctx, "plugin %s: %s", msg->consumer->handler_name, text ? text : "");

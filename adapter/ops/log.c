@@ -72,6 +72,10 @@ void log_write(log_level level, const log_context *ctx, const char *fmt, ...)
             json_object_set_new(line, "correlation_id", json_string(ctx->correlation_id));
         if (ctx->traceparent)
             json_object_set_new(line, "traceparent", json_string(ctx->traceparent));
+        if (ctx->trace_id)
+            json_object_set_new(line, "trace_id", json_string(ctx->trace_id));
+        if (ctx->span_id)
+            json_object_set_new(line, "span_id", json_string(ctx->span_id));
         if (ctx->retries >= 0)
             json_object_set_new(line, "retries", json_integer(ctx->retries));
         if (ctx->outcome)

@@ -2,7 +2,7 @@
  * log — one JSON object per line on stderr.
  *
  * Every line carries the message context (queue, biz_key, message_id, correlation_id,
- * traceparent, retries) when there is one, so an operator can grep a key across the retry ladder
+ * traceparent with its trace_id and idemq's span_id, retries) when there is one, so an operator can grep a key across the retry ladder
  * and find a message whose body could not be read by the identifiers its producer set. Values are escaped by jansson; secrets are
  * never passed in (URLs go through config_redact_url first). Thread affinity: any thread; each
  * line is written under the stdio lock (flockfile), so lines from workers never interleave.
@@ -28,7 +28,9 @@ typedef struct log_context {
     const char *message_id;      /* the envelope's, else the AMQP property */
     const char *amqp_message_id; /* the AMQP property when it differs from the envelope's */
     const char *correlation_id;  /* the AMQP property */
-    const char *traceparent;     /* the W3C trace context header */
+    const char *traceparent;     /* the W3C trace context header, as the producer sent it */
+    const char *trace_id;        /* its trace id when it is valid (util/trace_context.h) */
+    const char *span_id;         /* idemq's span for this message: the parent id of its emits */
     long retries;          /* < 0: omitted */
     const char *outcome;
 } log_context;

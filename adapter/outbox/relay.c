@@ -30,6 +30,7 @@
 #include "outbox/relay_publish.h"
 #include "policy/backoff.h"
 #include "util/rng.h"
+#include "util/trace_context.h"
 #include "util/monotonic.h"
 
 #define CONFIRM_TIMEOUT_MS 10000
@@ -309,12 +310,27 @@ static bool run_round(outbox_relay *r)
                   "outbox relay: round of %zu row(s): fetch %" PRId64 " ms, publish and confirms "
                   "%" PRId64 " ms, mark %" PRId64 " ms",
                   count, fetched - started, confirmed - fetched, monotonic_ms() - confirmed);
+    bool debug = log_enabled(LOG_LEVEL_DEBUG);
     for (size_t i = 0; i < count; i++) {
+        if (rows[i].outcome != RELAY_ROW_UNROUTABLE &&
+            !(debug && rows[i].outcome == RELAY_ROW_PUBLISHED))
+            continue;
+        /* The emit's own trace: its trace id is the incoming message's, so one search finds
+         * both ends. */
+        char trace_id[TRACE_ID_HEX + 1];
+        trace_id_of(rows[i].traceparent.data, rows[i].traceparent.len, trace_id, sizeof trace_id);
+        log_context ctx = {.biz_key = rows[i].biz_key.data,
+                           .traceparent = rows[i].traceparent.len ? rows[i].traceparent.data : NULL,
+                           .trace_id = trace_id[0] ? trace_id : NULL,
+                           .retries = -1};
         if (rows[i].outcome == RELAY_ROW_UNROUTABLE)
-            log_warn(LOG_NO_CONTEXT,
+            log_warn(&ctx,
                      "outbox relay: row %" PRId64 " (biz_key %s) is unroutable "
                      "and will not be retried: %s",
                      rows[i].id, rows[i].biz_key.data, rows[i].error);
+        else
+            log_debug(&ctx, "outbox relay: published row %" PRId64 " (emit %s of %s)",
+                      rows[i].id, rows[i].emit_name.data, rows[i].source_biz_key.data);
     }
     uv_mutex_lock(&r->lock);
     r->stats.published_total += done.published;

@@ -7,6 +7,7 @@
 #include "outbox/relay_db.h"
 
 #include <inttypes.h>
+#include <mysqld_error.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,7 +101,8 @@ static void row_free(relay_row *row)
 {
     relay_bytes *fields[] = {&row->source_biz_key, &row->handler_name, &row->emit_name,
                              &row->biz_key,        &row->exchange,     &row->routing_key,
-                             &row->content_type,   &row->body};
+                             &row->content_type,   &row->body,         &row->traceparent,
+                             &row->tracestate};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         free(fields[i]->data);
 }
@@ -121,8 +123,13 @@ int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, c
     *rows = NULL;
     *count = 0;
     snprintf(sql, sizeof sql, OUTBOX_TABLE_FETCH_PENDING_FMT, batch);
-    if (query(db, sql, "reading pending rows", err, err_len) != 0)
+    if (query(db, sql, "reading pending rows", err, err_len) != 0) {
+        if (mysql_errno(db) == ER_BAD_FIELD_ERROR) { /* an idemq_outbox from before its columns */
+            size_t n = strlen(err);
+            snprintf(err + n, err_len > n ? err_len - n : 0, "; run `idemq migrate`");
+        }
         return -1;
+    }
     /* Streamed, so a round holds at most RELAY_ROUND_BYTES of bodies however large they are:
      * the rows past the cap are read and dropped here, and lead the next round. */
     MYSQL_RES *res = mysql_use_result(db);
@@ -156,6 +163,16 @@ int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, c
             }
         }
         r->created_at_s = row[9] ? strtoll(row[9], NULL, 10) : 0;
+        relay_bytes *trace[] = {&r->traceparent, &r->tracestate};
+        for (size_t k = 0; k < 2; k++) {
+            if (copy_bytes(trace[k], row[10 + k] ? row[10 + k] : "",
+                           row[10 + k] ? lens[10 + k] : 0)) {
+                relay_rows_free(out, i + 1);
+                mysql_free_result(res);
+                snprintf(err, err_len, "out of memory for row %" PRId64, r->id);
+                return -1;
+            }
+        }
     }
     if (mysql_errno(db) != 0) {
         db_error_format_connection(err, err_len, "reading pending rows", db);

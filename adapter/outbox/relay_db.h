@@ -42,6 +42,7 @@ typedef struct relay_row {
     relay_bytes source_biz_key, handler_name, emit_name, biz_key, exchange, routing_key,
         content_type, body;
     int64_t created_at_s; /* UNIX_TIMESTAMP(created_at), whole seconds */
+    relay_bytes traceparent, tracestate; /* len 0: NULL, the header is not sent */
     /* filled in by the round (relay_publish.c) */
     uint64_t seq;  /* the channel's publish number; 0: not published */
     bool returned; /* a basic.return named it (its confirm then fails) */

@@ -17,6 +17,7 @@
 #include "ops/log.h"
 #include "outbox/relay.h"
 #include "util/monotonic.h"
+#include "util/trace_context.h"
 
 /* Exchanges remembered per connection; beyond this each is checked every round. */
 #define KNOWN_MAX 1024
@@ -392,7 +393,7 @@ static int check_exchanges(relay_broker *b, relay_row *rows, size_t count, char 
 
 static int publish_row(relay_broker *b, relay_row *row, publish_ref *ref, char *err, size_t err_len)
 {
-    amqp_table_entry_t headers[4] = {
+    amqp_table_entry_t headers[6] = {
         {.key = amqp_cstring_bytes(OUTBOX_HEADER_SOURCE_BIZ_KEY),
          .value = {.kind = AMQP_FIELD_KIND_UTF8,
                    .value.bytes = {row->source_biz_key.len, row->source_biz_key.data}}},
@@ -414,6 +415,19 @@ static int publish_row(relay_broker *b, relay_row *row, publish_ref *ref, char *
         .timestamp = (uint64_t)(row->created_at_s > 0 ? row->created_at_s : 0),
         .headers = {.num_entries = 4, .entries = headers},
     };
+    /* The trace context the writer stored: the incoming message's trace, idemq's span as the
+     * parent (util/trace_context.h). A row without one sends neither header. */
+    if (row->traceparent.len) {
+        headers[props.headers.num_entries++] = (amqp_table_entry_t){
+            .key = amqp_cstring_bytes(TRACE_HEADER_TRACEPARENT),
+            .value = {.kind = AMQP_FIELD_KIND_UTF8,
+                      .value.bytes = {row->traceparent.len, row->traceparent.data}}};
+        if (row->tracestate.len)
+            headers[props.headers.num_entries++] = (amqp_table_entry_t){
+                .key = amqp_cstring_bytes(TRACE_HEADER_TRACESTATE),
+                .value = {.kind = AMQP_FIELD_KIND_UTF8,
+                          .value.bytes = {row->tracestate.len, row->tracestate.data}}};
+    }
     if (row->content_type.len) {
         props._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
         props.content_type = (amqp_bytes_t){row->content_type.len, row->content_type.data};

@@ -58,6 +58,8 @@ enum {
     COL_CREATED_MS,
     COL_PUBLISHED_MS,
     COL_LAST_ERROR,
+    COL_TRACEPARENT,
+    COL_TRACESTATE,
     COL_BODY, /* with_body only */
 };
 
@@ -105,7 +107,7 @@ int outbox_table_list(MYSQL *db, const outbox_list_query *q, outbox_list_fn fn, 
              "SELECT id, state, attempts, TIMESTAMPDIFF(SECOND, created_at, NOW(3)), "
              "handler_name, emit_name, exchange, routing_key, biz_key, source_biz_key, "
              "content_type, FLOOR(UNIX_TIMESTAMP(created_at) * 1000), "
-             "FLOOR(UNIX_TIMESTAMP(published_at) * 1000), last_error%s "
+             "FLOOR(UNIX_TIMESTAMP(published_at) * 1000), last_error, traceparent, tracestate%s "
              "FROM idemq_outbox%s ORDER BY id%s",
              q->with_body ? ", body" : "", where, limit);
     errno = 0;
@@ -134,6 +136,8 @@ int outbox_table_list(MYSQL *db, const outbox_list_query *q, outbox_list_fn fn, 
             .source_biz_key = bytes_of(row, lengths, COL_SOURCE),
             .content_type = bytes_of(row, lengths, COL_CONTENT_TYPE),
             .last_error = bytes_of(row, lengths, COL_LAST_ERROR),
+            .traceparent = bytes_of(row, lengths, COL_TRACEPARENT),
+            .tracestate = bytes_of(row, lengths, COL_TRACESTATE),
             .body = q->with_body ? bytes_of(row, lengths, COL_BODY) : (outbox_bytes){NULL, 0},
         };
         fn(&r, ctx);

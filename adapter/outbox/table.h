@@ -49,12 +49,16 @@ typedef enum outbox_state {
 
 /* The writer's INSERT: the head, then one OUTBOX_TABLE_INSERT_ROW per row, comma-separated; its
  * parameters in order: source_biz_key, handler_name, emit_name, biz_key, exchange, routing_key,
- * content_type, body. state, attempts and created_at take their defaults (pending, 0, now). */
+ * content_type, body, traceparent, tracestate (the last two NULL when the row has no trace
+ * context). state, attempts and created_at take their defaults (pending, 0, now). */
 #define OUTBOX_TABLE_INSERT_HEAD                                                                   \
     "INSERT INTO idemq_outbox (source_biz_key, handler_name, emit_name, biz_key, exchange, "       \
-    "routing_key, content_type, body) VALUES "
-#define OUTBOX_TABLE_INSERT_ROW "(?, ?, ?, ?, ?, ?, ?, ?)"
-#define OUTBOX_TABLE_INSERT_PARAMS 8
+    "routing_key, content_type, body, traceparent, tracestate) VALUES "
+#define OUTBOX_TABLE_INSERT_ROW "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+#define OUTBOX_TABLE_INSERT_PARAMS 10
+/* The parameters of the trace context: bound as NULL when their span is OUTBOX_NO_VALUE. */
+#define OUTBOX_TABLE_INSERT_TRACEPARENT 8
+#define OUTBOX_TABLE_INSERT_TRACESTATE 9
 
 /* ------------------------------------------------------------------------------ the relay */
 
@@ -64,7 +68,7 @@ typedef enum outbox_state {
 /* The oldest pending rows, %u of them; its columns in this order. */
 #define OUTBOX_TABLE_FETCH_PENDING_FMT                                                             \
     "SELECT id, source_biz_key, handler_name, emit_name, biz_key, exchange, routing_key, "         \
-    "content_type, body, UNIX_TIMESTAMP(created_at) FROM idemq_outbox "                            \
+    "content_type, body, UNIX_TIMESTAMP(created_at), traceparent, tracestate FROM idemq_outbox "    \
     "WHERE state = " OUTBOX_SQL_PENDING " ORDER BY id LIMIT %u"
 
 /* Published rows: the head of a statement ended by the ids, comma-separated, and ")". */
@@ -123,7 +127,8 @@ typedef struct outbox_listed_row {
     bool published;         /* published_at is set ... */
     long long published_ms; /* ... to this, in ms since the epoch */
     outbox_bytes handler_name, emit_name, exchange, routing_key, biz_key, source_biz_key,
-        content_type, last_error, body; /* body: only when the listing asked for it */
+        content_type, last_error, traceparent, tracestate,
+        body; /* body: only when the listing asked for it */
 } outbox_listed_row;
 
 typedef struct outbox_list_query {

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <msgpack.h>
+#include <mysqld_error.h>
 #include <openssl/evp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include "db/bind.h"
 #include "db/prepare.h"
 #include "outbox/table.h"
+#include "util/trace_context.h"
 
 #define INSERT_PARAMS OUTBOX_TABLE_INSERT_PARAMS
 /* A flush inserts n rows with one statement per set bit of n: rows 2^k at a time, k < 12, so a
@@ -40,11 +42,14 @@ typedef struct span {
     size_t off, len;
 } span;
 
+/* A span for SQL NULL (no trace context). */
+#define NO_VALUE SIZE_MAX
+
 typedef struct outbox_row {
     size_t item;
     bool dropped;
     /* source_biz_key, handler_name, emit_name, biz_key, exchange, routing_key, content_type,
-     * body: the INSERT's parameters in order */
+     * body, traceparent, tracestate: the INSERT's parameters in order */
     span parts[INSERT_PARAMS];
 } outbox_row;
 
@@ -328,6 +333,17 @@ static int add_row(outbox_writer *w, size_t item, const config_consumer *c, cons
     row->parts[7].off = w->used;
     append_body(w, src, format, key);
     row->parts[7].len = w->used - row->parts[7].off;
+    /* The emit continues the incoming message's trace as a child of idemq's span for it. */
+    char traceparent[TRACE_TRACEPARENT_LEN + 1];
+    if (env->trace && trace_context_child(env->trace, traceparent, sizeof traceparent)) {
+        row->parts[OUTBOX_TABLE_INSERT_TRACEPARENT] = append_text(w, traceparent);
+        row->parts[OUTBOX_TABLE_INSERT_TRACESTATE] =
+            env->trace->tracestate_len ? append_text(w, env->trace->tracestate)
+                                       : (span){.off = NO_VALUE, .len = 0};
+    } else {
+        row->parts[OUTBOX_TABLE_INSERT_TRACEPARENT] = (span){.off = NO_VALUE, .len = 0};
+        row->parts[OUTBOX_TABLE_INSERT_TRACESTATE] = (span){.off = NO_VALUE, .len = 0};
+    }
     if (w->out_of_memory) {
         w->out_of_memory = false;
         w->used = mark;
@@ -431,6 +447,17 @@ void outbox_writer_clear(outbox_writer *w)
     w->out_of_memory = false;
 }
 
+/* A table or column of the outbox that is missing is an idemq_outbox from before this version
+ * (or none): say what fixes it, since `idemq run` pauses on it until someone does. */
+static void migrate_hint(db_error *error)
+{
+    if (error->number != ER_BAD_FIELD_ERROR && error->number != ER_NO_SUCH_TABLE)
+        return;
+    size_t n = strlen(error->message);
+    snprintf(error->message + n, sizeof error->message - n,
+             "; idemq_outbox is missing or older than this idemq: run `idemq migrate`");
+}
+
 /* The statement inserting 2^k rows, prepared on first use. */
 static int insert_statement(outbox_writer *w, MYSQL *db, size_t k, MYSQL_STMT **out,
                             db_error *error)
@@ -446,11 +473,20 @@ static int insert_statement(outbox_writer *w, MYSQL *db, size_t k, MYSQL_STMT **
             len += (size_t)snprintf(sql + len, cap - len, "%s%s", i ? ", " : "", insert_row);
         int rc = db_prepare(db, sql, &w->insert[k], error);
         free(sql);
+        if (rc == -1)
+            migrate_hint(error);
         if (rc != 0)
             return rc;
     }
     *out = w->insert[k];
     return 0;
+}
+
+int outbox_writer_prepare(outbox_writer *w, MYSQL *db, db_error *error)
+{
+    MYSQL_STMT *stmt;
+    outbox_writer_disconnect(w);
+    return insert_statement(w, db, 0, &stmt, error);
 }
 
 static size_t row_bytes(const outbox_row *row)
@@ -540,12 +576,16 @@ int outbox_writer_flush(outbox_writer *w, MYSQL *db, size_t *inserted, db_error 
             for (size_t p = 0; p < INSERT_PARAMS; p++) {
                 size_t at = r * INSERT_PARAMS + p;
                 memset(&w->slots[at], 0, sizeof w->slots[at]);
-                db_bind_string(&w->binds[at], &w->slots[at], w->arena + row->parts[p].off,
-                               row->parts[p].len);
+                if (row->parts[p].off == NO_VALUE)
+                    db_bind_null(&w->binds[at], &w->slots[at]);
+                else
+                    db_bind_string(&w->binds[at], &w->slots[at], w->arena + row->parts[p].off,
+                                   row->parts[p].len);
             }
         }
         if (mysql_stmt_bind_param(stmt, w->binds) != 0 || mysql_stmt_execute(stmt) != 0) {
             db_error_of_statement(stmt, error);
+            migrate_hint(error);
             rc = -1;
             break;
         }

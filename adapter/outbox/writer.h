@@ -61,6 +61,11 @@ outbox_writer *outbox_writer_new(void);
 /* Closes the statement prepared on the connection (before it closes). */
 void outbox_writer_disconnect(outbox_writer *w);
 
+/* Prepares the one-row INSERT afresh on db (closing what w had prepared), running nothing: the
+ * outage probe's proof that idemq_outbox has every column this idemq writes. 0, -ENOMEM, or -1
+ * with the server's error in *error (and what fixes it: `idemq migrate`). */
+int outbox_writer_prepare(outbox_writer *w, MYSQL *db, db_error *error);
+
 /* Frees w; NULL is a no-op. */
 void outbox_writer_free(outbox_writer *w);
 

@@ -30,6 +30,13 @@ delivery *delivery_new(broker_message *msg, const config_consumer *consumer)
     if (message_header_int(&msg->properties, HEADER_FIRST_FAILED_AT, &header_value))
         d->first_failed_at_ms = header_value;
     message_trace_read(&msg->properties, &d->trace);
+    amqp_bytes_t parent, state;
+    bool has_parent = message_header_bytes(&msg->properties, TRACE_HEADER_TRACEPARENT, &parent);
+    bool has_state = message_header_bytes(&msg->properties, TRACE_HEADER_TRACESTATE, &state);
+    if (trace_context_read(&d->trace_ctx, has_parent ? parent.bytes : NULL,
+                           has_parent ? parent.len : 0, has_state ? state.bytes : NULL,
+                           has_state ? state.len : 0) == TRACE_CONTEXT_VALID)
+        trace_context_start_span(&d->trace_ctx, trace_span_id_random());
     return d;
 }
 
@@ -60,6 +67,7 @@ int delivery_decode(delivery *d, size_t max_body)
         return -1;
     }
     d->decoded = true;
+    d->env.trace = d->trace_ctx.status == TRACE_CONTEXT_VALID ? &d->trace_ctx : NULL;
     d->job.kind = STORE_JOB_APPLY;
     d->job.consumer_index = msg->consumer_index;
     d->job.env = &d->env;
@@ -86,6 +94,8 @@ log_context delivery_log_context(const delivery *d, const char *outcome_name)
                                : NULL,
         .correlation_id = or_null(d->trace.correlation_id),
         .traceparent = or_null(d->trace.traceparent),
+        .trace_id = or_null(d->trace_ctx.trace_id),
+        .span_id = or_null(d->trace_ctx.span_id),
         .retries = d->retries,
         .outcome = outcome_name,
     };

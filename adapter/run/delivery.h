@@ -24,6 +24,7 @@
 #include "ops/metrics.h"
 #include "policy/outcome.h"
 #include "store/store.h"
+#include "util/trace_context.h"
 
 struct settler;
 
@@ -39,6 +40,7 @@ typedef struct delivery {
     struct settler *settler;    /* borrowed: carries out its outcome (settle.h) */
     struct delivery *held_next; /* on the outage's hold list while consumption is paused */
     message_trace trace;        /* the producer's identifiers outside the body, for logs */
+    trace_context trace_ctx;    /* its W3C trace context, with idemq's span for this delivery */
     uv_work_t decode_work;      /* a large body is decoded on libuv's thread pool (run.c) */
     int decode_rc;              /* delivery_decode's result, read back on the loop */
 } delivery;
@@ -48,7 +50,9 @@ delivery *delivery_of(store_job *job);
 
 /*
  * A delivery for msg (taken on success; still the caller's on NULL, when out of memory), which
- * came for consumer (borrowed, must outlive it); its retry state is read from msg's headers.
+ * came for consumer (borrowed, must outlive it); its retry state is read from msg's headers,
+ * and its trace context: a valid traceparent gets a new span id, idemq's processing of this
+ * delivery (each redelivery and retry is another span of the same trace).
  * Release with delivery_free.
  */
 delivery *delivery_new(broker_message *msg, const config_consumer *consumer);

@@ -11,16 +11,16 @@
 #include <mysql.h>
 #include <stddef.h>
 
-/* Creates msg_dedup if missing and upgrades an older layout in place (idempotent). Returns 0
- * with what it did in report, or -1 with the reason. */
+/* Creates msg_dedup and the outbox tables if missing and upgrades older layouts in place
+ * (idempotent). Returns 0 with what it did in report, or -1 with the reason. */
 int store_migrate(MYSQL *db, char *report, size_t report_len);
 
 /* Whether msg_dedup has the current layout: 0 current, 1 an older one that `idemq migrate`
  * upgrades (report says how it differs), -1 unreadable or missing (report says why). */
 int store_dedup_schema_check(MYSQL *db, char *report, size_t report_len);
 
-/* Whether both outbox tables exist: 0, or -1 (missing or unreadable: report says which and to
- * run `idemq migrate`). */
+/* Whether both outbox tables exist, idemq_outbox with its trace context columns: 0, or -1
+ * (missing or unreadable: report says which and to run `idemq migrate`). */
 int store_outbox_schema_check(MYSQL *db, char *report, size_t report_len);
 
 /* The DDL store_migrate runs; schemas/mysql/001_msg_dedup.sql holds the same statement, and
@@ -28,5 +28,8 @@ int store_outbox_schema_check(MYSQL *db, char *report, size_t report_len);
 extern const char store_dedup_ddl[];
 extern const char store_outbox_ddl[];
 extern const char store_outbox_lease_ddl[];
+/* The upgrade store_migrate runs on an idemq_outbox without traceparent and tracestate;
+ * schemas/mysql/004_outbox_trace_context.sql holds the same statement. */
+extern const char store_outbox_trace_upgrade_sql[];
 
 #endif

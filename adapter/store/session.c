@@ -146,5 +146,26 @@ apply_status store_session_check_statements(store_session *s, store_job *job)
             return APPLY_UNAVAILABLE;
         }
     }
+    /* A configured emit writes outbox rows with every message that takes it: an outbox that
+     * lacks a column (not yet migrated) would fail each of them again the moment the probe
+     * resumed consumption. A plugin's emits are its own choice, as in `idemq check`. */
+    bool configured_emit = false;
+    for (size_t i = 0; i < cfg->consumer_count; i++)
+        configured_emit |= cfg->consumers[i].may_emit &&
+                           cfg->consumers[i].handler.type != CONFIG_HANDLER_PLUGIN;
+    if (configured_emit) {
+        db_error error = {0};
+        int rc = outbox_writer_prepare(s->outbox, s->db, &error);
+        if (rc == -ENOMEM) {
+            job->mysql_errno = 0;
+            snprintf(job->error, sizeof job->error, "outbox insert: out of memory");
+            return APPLY_UNAVAILABLE;
+        }
+        if (rc != 0) {
+            job->mysql_errno =
+                db_error_format(job->error, sizeof job->error, "outbox insert", &error);
+            return APPLY_UNAVAILABLE;
+        }
+    }
     return APPLY_OK;
 }

@@ -34,6 +34,9 @@
  * is published only if handle() returns IDEMQ_OK and the transaction commits; its biz_key (and
  * AMQP message_id) is derived from the incoming biz_key, the handler name and the emit's name, so
  * a re-publish is deduplicated downstream. A second emit of one name for one message fails.
+ * When the incoming message has a valid W3C traceparent, the emitted message carries the trace
+ * on (traceparent with idemq's span for this message as parent, tracestate unchanged), as
+ * configured emits do; the plugin needs to do nothing for it, and the ABI is unchanged.
  *
  * Threads. idemq calls init() once per consumer, on the main thread, before any message, and
  * free() once, after the last handle() has returned. handle() runs on the DB worker threads —

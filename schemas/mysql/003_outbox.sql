@@ -15,6 +15,9 @@
 --     mandatory publish, or its exchange does not exist): kept for `idemq outbox list|retry`.
 --     (state, id) is the relay's scan in commit-compatible order; published_at drives retention.
 --   * VARBINARY for keys and names, as in msg_dedup: opaque bytes, compared byte for byte.
+--   * traceparent, tracestate: the W3C trace context headers of the outgoing message (a child
+--     of idemq's span for the incoming one), NULL when the incoming message had no valid one.
+--     Tables created before them get them from 004_outbox_trace_context.sql.
 CREATE TABLE IF NOT EXISTS idemq_outbox (
   id             BIGINT         NOT NULL AUTO_INCREMENT PRIMARY KEY,
   source_biz_key VARBINARY(128) NOT NULL,
@@ -30,6 +33,8 @@ CREATE TABLE IF NOT EXISTS idemq_outbox (
   created_at     DATETIME(3)    NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
   published_at   DATETIME(3)    NULL,
   last_error     VARCHAR(512)   NULL,
+  traceparent    VARBINARY(55)  NULL,
+  tracestate     VARBINARY(512) NULL,
   KEY idx_outbox_state_id (state, id),
   KEY idx_outbox_published_at (published_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

@@ -73,3 +73,24 @@ Test(schema, outbox_ddl_matches_the_published_file)
     cr_expect_str_eq(a, b);
     cr_expect(strstr(b, "KEY idx_outbox_state_id (state, id)"), "the relay scans by (state, id)");
 }
+
+/* The upgrade `idemq migrate` runs on an outbox created before the trace context columns is the
+ * published 004 file, and adds exactly the columns 003's CREATE TABLE has. */
+Test(schema, outbox_trace_upgrade_matches_the_published_file)
+{
+    FILE *f = fopen(IDEMQ_SOURCE_DIR "/schemas/mysql/004_outbox_trace_context.sql", "r");
+    cr_assert(f, "schemas/mysql/004_outbox_trace_context.sql is missing");
+    static char text[8192], a[8192], b[8192];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    normalise(text, a, sizeof a);
+    normalise(store_outbox_trace_upgrade_sql, b, sizeof b);
+    cr_expect_str_eq(a, b);
+    static char ddl[16384];
+    normalise(store_outbox_ddl, ddl, sizeof ddl);
+    cr_expect(strstr(ddl, "traceparent VARBINARY(55) NULL"), "a new outbox lacks traceparent");
+    cr_expect(strstr(ddl, "tracestate VARBINARY(512) NULL"), "a new outbox lacks tracestate");
+    cr_expect(strstr(b, "ADD COLUMN traceparent VARBINARY(55) NULL"));
+    cr_expect(strstr(b, "ADD COLUMN tracestate VARBINARY(512) NULL"));
+}
