@@ -28,7 +28,8 @@
 # start-gr-node N joins node N to the running group; with no node running it refuses
 # (start-gr picks the node). A group that has lost its majority (two of three killed: the
 # survivor blocks every write) is not joined: a start would hang; unblocking it is a test's
-# decision: gr-sql N -e "SET GLOBAL group_replication_force_members='127.0.0.1:<its GCS port>'".
+# decision: gr-sql N -e "SET GLOBAL group_replication_force_members='127.0.0.1:<its GCS port>'"
+# (the refusal names the command).
 #
 # MySQL Router 9.7 (sid's mysql-router): sid has no MySQL Shell (mysqlsh), which makes the
 # InnoDB Cluster metadata schema that `mysqlrouter --bootstrap` and metadata-cache routing need,
@@ -355,6 +356,14 @@ gr_in_group_blocked() {
   return 1
 }
 
+# gr_force_hint: how a test unblocks the group of the first running node (its majority lost).
+gr_force_hint() {
+  local m
+  m=$(gr_running | head -n 1)
+  printf 'scripts/services gr-sql %s -e "SET GLOBAL group_replication_force_members='"'"'127.0.0.1:%s'"'"'"' \
+    "$m" "$((IDEMQ_GR_GCS_BASE + m - 1))"
+}
+
 gr_prereqs() {
   is_root || die "gr: needs root (chroot and mounts)"
   sid_ensure_root
@@ -380,7 +389,7 @@ gr_start() {
       esac
     done
   elif gr_in_group_blocked; then
-    die "gr: the running nodes ${up[*]} are in a group without a majority: a joiner would hang. To unblock it: scripts/services gr-sql N -e \"SET GLOBAL group_replication_force_members='127.0.0.1:<GCS port of N>'\""
+    die "gr: the running nodes ${up[*]} are in a group without a majority: a joiner would hang. To unblock it: $(gr_force_hint)"
   else
     if [[ ! -e $SID_ROOT/var/lib/idemq-gr.initialized ]]; then
       fresh=1
@@ -428,7 +437,7 @@ gr_start_node() {
   fi
   if ! gr_group_node >/dev/null; then
     if gr_in_group_blocked; then
-      die "gr: the running nodes are in a group without a majority: node $n would hang joining it. To unblock it: scripts/services gr-sql M -e \"SET GLOBAL group_replication_force_members='127.0.0.1:<GCS port of M>'\""
+      die "gr: the running nodes are in a group without a majority: node $n would hang joining it. To unblock it: $(gr_force_hint)"
     fi
     die "gr: no group runs: scripts/services start-gr picks the node to bootstrap from"
   fi
