@@ -143,7 +143,9 @@ innodb_autoinc_lock_mode = 2
 
 wsrep_on = ON
 wsrep_provider = /usr/lib/galera/libgalera_smm.so
-wsrep_cluster_name = idemq-galera
+# Named after its state folder: a node of another folder's cluster (another checkout on the
+# same ports) is refused at the handshake instead of merging with this one.
+wsrep_cluster_name = idemq-galera-$(printf '%s' "$GALERA_DIR" | sha256sum | cut -c1-12)
 wsrep_cluster_address = gcomm://$(IFS=, && echo "${addrs[*]}")
 wsrep_node_name = node$GN
 wsrep_node_address = 127.0.0.1:$GN_GCOMM
@@ -166,17 +168,24 @@ galera_prepare() {
   galera_write_cnf
 }
 
+# galera_ports_free N: node N (not running) finds its ports free; else an error naming the owner
+# (another state folder's cluster on the default ports, say).
+galera_ports_free() {
+  local p
+  galera_vars "$1"
+  for p in "$GN_PORT" "$GN_GCOMM" "$GN_IST" "$GN_SST"; do
+    if port_open "$p"; then
+      die "galera node $1: port 127.0.0.1:$p is already taken by a process that is not this node${NL}$(port_owner "$p")${NL}Pick other ports: IDEMQ_GALERA_PORT_BASE=... IDEMQ_GALERA_GCOMM_BASE=... IDEMQ_GALERA_IST_BASE=... IDEMQ_GALERA_SST_BASE=..."
+    fi
+  done
+}
+
 # galera_launch N [ARGS...]: start node N's mariadbd with ARGS (--wsrep-new-cluster), without
 # waiting; its pid in $GN_DIR/launcher.pid.
 galera_launch() {
-  local n=$1 p
+  local n=$1
   shift
-  galera_vars "$n"
-  for p in "$GN_PORT" "$GN_GCOMM" "$GN_IST" "$GN_SST"; do
-    if port_open "$p"; then
-      die "galera node $n: port 127.0.0.1:$p is already taken by a process that is not this node${NL}$(port_owner "$p")${NL}Pick other ports: IDEMQ_GALERA_PORT_BASE=... IDEMQ_GALERA_GCOMM_BASE=... IDEMQ_GALERA_IST_BASE=... IDEMQ_GALERA_SST_BASE=..."
-    fi
-  done
+  galera_ports_free "$n"
   # A leftover of this node (an SST's rsync daemon holding its port) would fail its start.
   sweep "galera node $n" galera_procs "$n"
   galera_prepare "$n"
@@ -335,6 +344,8 @@ galera_start() {
     log "galera: already running (nodes ${up[*]})"
     return 0
   fi
+  # Every port first: a node bootstrapped next to a foreign cluster's nodes would be a mess.
+  for n in "${down[@]}"; do galera_ports_free "$n"; done
   if ((${#up[@]} == 0)); then
     if [[ ! -e $GALERA_DIR/.initialized ]] || ! boot=$(galera_pick_bootstrap); then
       galera_init

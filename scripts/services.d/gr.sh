@@ -28,7 +28,8 @@
 # start-gr-node N joins node N to the running group; with no node running it refuses
 # (start-gr picks the node). A group that has lost its majority (two of three killed: the
 # survivor blocks every write) is not joined: a start would hang; unblocking it is a test's
-# decision: gr-sql N -e "SET GLOBAL group_replication_force_members='127.0.0.1:<its GCS port>'".
+# decision: gr-sql N -e "SET GLOBAL group_replication_force_members='127.0.0.1:<its GCS port>'"
+# (the refusal names the command).
 #
 # MySQL Router 9.7 (sid's mysql-router): sid has no MySQL Shell (mysqlsh), which makes the
 # InnoDB Cluster metadata schema that `mysqlrouter --bootstrap` and metadata-cache routing need,
@@ -45,7 +46,6 @@
 # gr-sql 1 -e "SELECT group_replication_set_as_primary(@@server_uuid)". It runs in the root as
 # the mysql user, state in /var/lib/idemq-gr-router.
 GR_SIZE=3
-GR_GROUP_NAME=6f1f0a11-2b61-4c9e-9d0c-1d3e40a7c341 # any UUID; the same on every node
 GR_ROUTER_IN=/var/lib/idemq-gr-router
 
 gr_vars() {
@@ -128,6 +128,14 @@ gr_fail() {
   exit 1
 }
 
+# gr_group_name: the group's name, a UUID made from the state folder: a member of another
+# folder's group (another checkout on the same ports) cannot join this one, nor this one's it.
+gr_group_name() {
+  local h
+  h=$(printf '%s' "$SID_ROOT/var/lib/idemq-gr" | sha256sum)
+  printf '%s-%s-%s-%s-%s\n' "${h:0:8}" "${h:8:4}" "${h:12:4}" "${h:16:4}" "${h:20:12}"
+}
+
 gr_write_cnf() {
   local n seeds=()
   for n in $(seq "$GR_SIZE"); do seeds+=("127.0.0.1:$((IDEMQ_GR_GCS_BASE + n - 1))"); done
@@ -165,7 +173,7 @@ report_host = 127.0.0.1
 report_port = $GR_PORT
 plugin_load_add = group_replication.so
 # loose-: --initialize-insecure reads this file before the plugin is loaded.
-loose-group_replication_group_name = $GR_GROUP_NAME
+loose-group_replication_group_name = $(gr_group_name)
 loose-group_replication_start_on_boot = OFF
 loose-group_replication_bootstrap_group = OFF
 loose-group_replication_single_primary_mode = ON
@@ -206,16 +214,22 @@ gr_init() {
   fi
 }
 
+# gr_ports_free N: node N (not running) finds its ports free; else an error naming the owner.
+gr_ports_free() {
+  local p
+  gr_vars "$1"
+  for p in "$GR_PORT" "$GR_GCS"; do
+    if port_open "$p"; then
+      die "gr node $1: port 127.0.0.1:$p is already taken by a process that is not this node${NL}$(port_owner "$p")${NL}Pick other ports: IDEMQ_GR_PORT_BASE=... IDEMQ_GR_GCS_BASE=..."
+    fi
+  done
+}
+
 # gr_launch N: start node N's mysqld (not yet in the group), without waiting; the launcher's pid
 # (which becomes mysqld) in launcher.pid.
 gr_launch() {
-  local n=$1 p
-  gr_vars "$n"
-  for p in "$GR_PORT" "$GR_GCS"; do
-    if port_open "$p"; then
-      die "gr node $n: port 127.0.0.1:$p is already taken by a process that is not this node${NL}$(port_owner "$p")${NL}Pick other ports: IDEMQ_GR_PORT_BASE=... IDEMQ_GR_GCS_BASE=..."
-    fi
-  done
+  local n=$1
+  gr_ports_free "$n"
   sid_sweep "gr node $n" "$GR_IN/" # a hung client, a server whose pid file is gone
   gr_prepare "$n"
   log "gr node $n: starting MySQL on 127.0.0.1:$GR_PORT (state in $GR_DIR)"
@@ -355,6 +369,14 @@ gr_in_group_blocked() {
   return 1
 }
 
+# gr_force_hint: how a test unblocks the group of the first running node (its majority lost).
+gr_force_hint() {
+  local m
+  m=$(gr_running | head -n 1)
+  printf 'scripts/services gr-sql %s -e "SET GLOBAL group_replication_force_members='"'"'127.0.0.1:%s'"'"'"' \
+    "$m" "$((IDEMQ_GR_GCS_BASE + m - 1))"
+}
+
 gr_prereqs() {
   is_root || die "gr: needs root (chroot and mounts)"
   sid_ensure_root
@@ -369,6 +391,7 @@ gr_start() {
   gr_lock
   mapfile -t up < <(gr_running)
   for n in $(seq "$GR_SIZE"); do gr_pid "$n" >/dev/null || down+=("$n"); done
+  for n in "${down[@]}"; do gr_ports_free "$n"; done # all before any node starts
   if boot=$(gr_group_node); then
     for n in "${down[@]}"; do gr_launch "$n"; done
     for n in "${down[@]}"; do gr_wait_answers "$n"; done
@@ -380,7 +403,7 @@ gr_start() {
       esac
     done
   elif gr_in_group_blocked; then
-    die "gr: the running nodes ${up[*]} are in a group without a majority: a joiner would hang. To unblock it: scripts/services gr-sql N -e \"SET GLOBAL group_replication_force_members='127.0.0.1:<GCS port of N>'\""
+    die "gr: the running nodes ${up[*]} are in a group without a majority: a joiner would hang. To unblock it: $(gr_force_hint)"
   else
     if [[ ! -e $SID_ROOT/var/lib/idemq-gr.initialized ]]; then
       fresh=1
@@ -428,7 +451,7 @@ gr_start_node() {
   fi
   if ! gr_group_node >/dev/null; then
     if gr_in_group_blocked; then
-      die "gr: the running nodes are in a group without a majority: node $n would hang joining it. To unblock it: scripts/services gr-sql M -e \"SET GLOBAL group_replication_force_members='127.0.0.1:<GCS port of M>'\""
+      die "gr: the running nodes are in a group without a majority: node $n would hang joining it. To unblock it: $(gr_force_hint)"
     fi
     die "gr: no group runs: scripts/services start-gr picks the node to bootstrap from"
   fi
