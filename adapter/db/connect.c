@@ -345,11 +345,11 @@ static MYSQL *connect_cluster(const db_dsn *dsn, const db_connect_timeouts *time
                               unsigned *error_number, char *err, size_t err_len)
 {
     size_t n = db_dsn_node_count(dsn), first = db_nodes_first(dsn);
+    char why[600], name[520], failures[2048];
     size_t used = 0;
-    char why[600], name[520];
     db_dsn one;
     MYSQL *db = NULL;
-    used += (size_t)snprintf(err, err_len, "no MySQL node of %zu takes writes:", n);
+    failures[0] = '\0';
     for (size_t k = 0; k < n && !db; k++) {
         size_t i = (first + k) % n;
         unsigned number = 0;
@@ -364,19 +364,24 @@ static MYSQL *connect_cluster(const db_dsn *dsn, const db_connect_timeouts *time
             break;
         }
         *error_number = number;
-        db_dsn_node_name(dsn, i, name, sizeof name);
-        if (used < err_len)
-            used += (size_t)snprintf(err + used, err_len - used, "%s %s: %s", k ? ";" : "", name,
-                                     why);
         if (db_error_is_tls(number)) {
             snprintf(err, err_len, "%s", why);
-            break;
+            explicit_bzero(one.password, sizeof one.password);
+            return NULL;
         }
+        db_dsn_node_name(dsn, i, name, sizeof name);
+        if (used < sizeof failures)
+            used += (size_t)snprintf(failures + used, sizeof failures - used, "%s %s: %s",
+                                     k ? ";" : "", name, why);
     }
     explicit_bzero(one.password, sizeof one.password);
-    if (db)
+    if (db) {
+        /* Callers tell failure by the buffer too (store/retention.c): leave it untouched. */
         *error_number = 0;
-    return db;
+        return db;
+    }
+    snprintf(err, err_len, "no MySQL node of %zu takes writes:%s", n, failures);
+    return NULL;
 }
 
 MYSQL *db_connect_timed(const db_dsn *dsn, const db_connect_timeouts *timeouts,

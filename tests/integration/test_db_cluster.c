@@ -19,6 +19,7 @@
  * tests share one start; scripts/test stops both clusters after the suite. Release build only:
  * the time is the clusters'. Pauses and conflict counts are logged with cr_log_info (--verbose).
  */
+#define _GNU_SOURCE /* memmem */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
@@ -158,6 +159,11 @@ static long long wait_node_scalar(MYSQL *db, const char *sql, long long min, int
 }
 
 /* ----------------------------------------------------------------------------- the workload */
+
+static int strcmp_ptr(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 /* 5,000 orders PAYING; their payments, then 1,000 duplicates of the first ones. */
 static void publish_workload(harness *h)
@@ -357,6 +363,220 @@ Test(galera, the_node_idemq_works_on_frozen_midrun_is_left_and_writes_nothing_of
     wait_all_settled(&F.h, survivor);
     harness_stop_idemq(&F.daemon);
     const char *logs[] = {F.h.log_path};
+    assert_each_event_once(&F.h, survivor, logs, 1);
+    mysql_close(survivor);
+}
+
+/* The upstream handler of the outbox test: PAY_SUCCESS moves the order and emits one message to
+ * the downstream queue, whose body carries the derived biz_key (outbox/writer.h). */
+static char emit_handler[1024];
+
+static const char *emitting_handler(const char *downstream)
+{
+    snprintf(emit_handler, sizeof emit_handler,
+             "      type: state_machine\n"
+             "      table: orders\n"
+             "      key_column: order_id\n"
+             "      key_field: order_id\n"
+             "      state_column: status\n"
+             "      event_field: event_type\n"
+             "      transitions:\n"
+             "        PAY_SUCCESS:\n"
+             "          from: [PAYING]\n"
+             "          to: PAID\n"
+             "          emit: {name: paid, routing_key: \"%s\", fields: {order_id: order_id}}\n",
+             downstream);
+    return emit_handler;
+}
+
+/* The pid in the owner ("host:pid:random") of the current outbox lease, read on db; 0: none. */
+static pid_t lease_holder(MYSQL *db)
+{
+    if (mysql_query(db, "SELECT owner FROM idemq_outbox_lease WHERE name = 'default' AND "
+                        "expires_at > NOW(6)") != 0)
+        return 0;
+    MYSQL_RES *res = mysql_store_result(db);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+    pid_t pid = 0;
+    if (row && row[0]) {
+        char owner[160];
+        snprintf(owner, sizeof owner, "%s", row[0]);
+        char *last = strrchr(owner, ':');
+        if (last) {
+            *last = '\0';
+            char *before = strrchr(owner, ':');
+            pid = before ? (pid_t)atol(before + 1) : 0;
+        }
+    }
+    if (res)
+        mysql_free_result(res);
+    return pid;
+}
+
+/* Takes every message off queue; counts them and the distinct biz_keys of their JSON bodies. */
+static void drain_downstream(harness *h, const char *queue, long *messages, long *distinct)
+{
+    size_t cap = EVENTS + DUPLICATES + 1024, n = 0;
+    char **keys = calloc(cap, sizeof *keys);
+    cr_assert(keys);
+    amqp_message_t m;
+    while (harness_get(h, queue, &m)) {
+        const char *body = m.body.bytes;
+        const char *at = memmem(body, m.body.len, "\"biz_key\":\"", 11);
+        cr_assert(at, "a downstream message without biz_key");
+        at += 11;
+        const char *end = memchr(at, '"', m.body.len - (size_t)(at - body));
+        cr_assert(end && n < cap);
+        keys[n++] = strndup(at, (size_t)(end - at));
+        amqp_destroy_message(&m);
+    }
+    qsort(keys, n, sizeof *keys, strcmp_ptr);
+    long unique = 0;
+    for (size_t i = 0; i < n; i++)
+        unique += i == 0 || strcmp(keys[i], keys[i - 1]) != 0;
+    for (size_t i = 0; i < n; i++)
+        free(keys[i]);
+    free(keys);
+    *messages = (long)n;
+    *distinct = unique;
+}
+
+/* Two instances write and relay one outbox through two Galera nodes; the lease holder's node is
+ * killed while rows flow. Every row is published, each derived biz_key reaches the downstream
+ * queue, and only the handover's republished rows come twice (with the same biz_key, which a
+ * downstream idemq deduplicates). */
+Test(galera, two_relays_on_two_nodes_and_the_lease_holders_node_killed_publish_every_row)
+{
+    require_cluster("galera");
+    cluster c = cluster_from("IDEMQ_TEST_GALERA_URLS");
+    harness_server(c.urls[2]);
+    char downstream[160];
+    snprintf(downstream, sizeof downstream, "t.galera_outbox_down.%d", (int)getpid());
+    harness_options o = {.handler_yaml = emitting_handler(downstream),
+                         .top_yaml = "outbox: {relay: true, poll_interval: 50ms, lease: 1s}\n"};
+    harness_fixture_init(&F, "galera_outbox", &o);
+    amqp_queue_declare(F.h.amqp, 1, amqp_cstring_bytes(downstream), 0, 0, 0, 1, amqp_empty_table);
+    cr_assert(amqp_get_rpc_reply(F.h.amqp).reply_type == AMQP_RESPONSE_NORMAL);
+    const int first[] = {0, 2}, second[] = {1, 2};
+    use_nodes(&F.h, &c, first, 2, "");
+    harness_fixture_start(&F, "started consuming", 30000);
+    use_nodes(&F.h, &c, second, 2, "");
+    char second_log[400];
+    snprintf(second_log, sizeof second_log, "%s/second.log", F.h.dir);
+    second_daemon = harness_spawn_logged(&F.h, second_log);
+    cr_assert(harness_wait_log_in(second_log, "started consuming", 1, 30000));
+
+    MYSQL *survivor = open_node(c.urls[2], F.h.database);
+    publish_workload(&F.h);
+    wait_node_scalar(survivor, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1", EVENTS / 5,
+                     120000);
+    pid_t holder = lease_holder(survivor);
+    cr_assert(holder == F.daemon || holder == second_daemon, "the lease holder %d is neither",
+              (int)holder);
+    const char *node = holder == F.daemon ? "1" : "2";
+    char command[64];
+    snprintf(command, sizeof command, "kill-galera-node %s", node);
+    harness_services_ok(command);
+    snprintf(restore_command, sizeof restore_command, "start-galera-node %s", node);
+    int64_t killed_at = harness_now_ms();
+    publish_duplicates(&F.h);
+    long long published_before =
+        node_scalar(survivor, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1");
+    wait_node_scalar(survivor, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1",
+                     published_before + 1, 120000);
+    long long pause = harness_now_ms() - killed_at;
+    wait_all_settled(&F.h, survivor);
+    cr_assert_eq(wait_node_scalar(survivor, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1",
+                                  EVENTS, 120000),
+                 EVENTS, "rows still pending: %lld",
+                 node_scalar(survivor, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 0"));
+    cr_assert_eq(node_scalar(survivor, "SELECT COUNT(*) FROM idemq_outbox"), EVENTS,
+                 "one row per applied event");
+    for (int64_t deadline = harness_now_ms() + 60000;
+         harness_queue_depth(&F.h, downstream) < EVENTS && harness_now_ms() < deadline;) {
+        struct timespec ts = {0, 50 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+
+    harness_stop_idemq(&F.daemon);
+    int rc = harness_stop(second_daemon, SIGTERM, 30000);
+    second_daemon = 0;
+    cr_expect_eq(rc, 0);
+    const char *logs[] = {F.h.log_path, second_log};
+    assert_each_event_once(&F.h, survivor, logs, 2);
+    long messages, distinct;
+    drain_downstream(&F.h, downstream, &messages, &distinct);
+    cr_log_info("galera outbox, lease holder's node killed: %lld ms to the next published row; "
+                "%ld rows downstream, %ld distinct, %ld republished by the handover",
+                pause, messages, distinct, messages - distinct);
+    cr_assert_eq(distinct, EVENTS, "every row's message reached the downstream queue");
+    mysql_close(survivor);
+    amqp_queue_delete(F.h.amqp, 1, amqp_cstring_bytes(downstream), 0, 0);
+}
+
+/* Retention deletes in chunks of dedup.batch rows, each a write set of its own: with Galera's
+ * wsrep_max_ws_rows set just above the chunk, a sweep of 20,000 expired rows runs while the
+ * workload flows, and no chunk is refused. */
+Test(galera, retention_chunks_stay_under_the_write_set_limit_while_events_flow)
+{
+    require_cluster("galera");
+    cluster c = cluster_from("IDEMQ_TEST_GALERA_URLS");
+    harness_server(c.urls[2]);
+    harness_fixture_init(&F, "galera_retention", NULL);
+    enum { EXPIRED = 20000, CHUNK = 1000 };
+    for (int from = 0; from < EXPIRED; from += CHUNK)
+        harness_sql(&F.h,
+                    "INSERT INTO msg_dedup (biz_key, handler_name, created_at) "
+                    "SELECT CONCAT('old:', seq), 'pay-callback', NOW(3) - INTERVAL 2 DAY "
+                    "FROM seq_%d_to_%d",
+                    from, from + CHUNK - 1);
+    cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM msg_dedup"), EXPIRED);
+    /* Every node refuses a write set of more rows (0, the default, is no limit). */
+    for (int n = 1; n <= 3; n++) {
+        char command[128];
+        snprintf(command, sizeof command, "galera-sql %d -e \"SET GLOBAL wsrep_max_ws_rows = %d\"",
+                 n, CHUNK + 100);
+        harness_services_ok(command);
+    }
+    snprintf(restore_command, sizeof restore_command,
+             "galera-sql 1 -e \"SET GLOBAL wsrep_max_ws_rows = 0\" && \"$IDEMQ_SERVICES\" "
+             "galera-sql 2 -e \"SET GLOBAL wsrep_max_ws_rows = 0\" && \"$IDEMQ_SERVICES\" "
+             "galera-sql 3 -e \"SET GLOBAL wsrep_max_ws_rows = 0\"");
+    /* The workload's own batches must fit too: 16 messages a batch. */
+    char line[128];
+    snprintf(line, sizeof line, "dedup: {retention: 1d, interval: 1s, batch: %d}", CHUNK);
+    harness_config_replace_line(&F.h, "log: ", "log: {level: info}");
+    FILE *f = fopen(F.h.config_path, "a");
+    cr_assert(f);
+    fprintf(f, "%s\n", line);
+    fclose(f);
+    const int order[] = {0, 1, 2};
+    use_nodes(&F.h, &c, order, 3, "batch: 16,");
+    harness_fixture_start(&F, "started consuming", 30000);
+
+    MYSQL *survivor = open_node(c.urls[2], F.h.database);
+    int64_t started = harness_now_ms();
+    publish_workload(&F.h);
+    publish_duplicates(&F.h);
+    long long left = -1;
+    for (int64_t deadline = harness_now_ms() + 120000; harness_now_ms() < deadline;) {
+        left = node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key LIKE 'old:%'");
+        if (left == 0)
+            break;
+        struct timespec ts = {0, 50 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    long long swept_ms = harness_now_ms() - started;
+    cr_assert_eq(left, 0, "expired rows left: %lld", left);
+    wait_all_settled(&F.h, survivor);
+    harness_stop_idemq(&F.daemon);
+    cr_assert_eq(harness_log_count(&F.h, "sweep failed"), 0, "a retention chunk was refused");
+    cr_assert_geq(harness_log_count(&F.h, "dedup retention: deleted"), 1);
+    cr_log_info("galera retention: %d expired rows deleted in chunks of %d within %lld ms while "
+                "%d events and %d duplicates flowed",
+                EXPIRED, CHUNK, swept_ms, EVENTS, DUPLICATES);
+    const char *logs[] = {F.h.log_path};
+    /* msg_dedup now holds only the workload's rows. */
     assert_each_event_once(&F.h, survivor, logs, 1);
     mysql_close(survivor);
 }

@@ -122,6 +122,21 @@ Test(db_nodes, a_refused_node_is_passed_over_and_the_node_in_use_is_named_everyw
     cr_assert(strstr(out, expect), "idemq check does not name the node it uses:\n%s", out);
     free(out);
 
+    /* A connection that found its node after a refusal reports no error: callers also read
+     * the buffer (the retention job took a filled one for a failed sweep). */
+    char connect_err[1024] = "";
+    db_dsn two = server;
+    snprintf(two.host, sizeof two.host, "127.0.0.1");
+    sscanf(dead, "127.0.0.1:%u", &two.port);
+    two.other_nodes[0] = (db_node){.port = server.port};
+    snprintf(two.other_nodes[0].host, sizeof two.other_nodes[0].host, "%s", server.host);
+    two.other_node_count = 1;
+    snprintf(two.database, sizeof two.database, "%.64s", F.h.database);
+    MYSQL *direct = db_connect(&two, NULL, connect_err, sizeof connect_err);
+    cr_assert(direct, "%s", connect_err);
+    cr_assert_str_eq(connect_err, "", "a successful connect wrote '%s'", connect_err);
+    mysql_close(direct);
+
     start(&F);
     pay_and_wait(&F.h, "r", 20, 20);
     cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), 20);
