@@ -107,8 +107,8 @@ static void harness_server(const char *url)
 static void use_nodes(harness *h, const cluster *c, const int *order, size_t n, const char *more)
 {
     char line[4096], url[600];
-    int used = snprintf(line, sizeof line, "mysql: {workers: 4, read_timeout: 5s, %s urls: [",
-                        more);
+    int used =
+        snprintf(line, sizeof line, "mysql: {workers: 4, read_timeout: 5s, %s urls: [", more);
     for (size_t i = 0; i < n; i++) {
         with_database(c->urls[order[i]], h->database, url, sizeof url);
         used += snprintf(line + used, sizeof line - (size_t)used, "%s\"%s\"", i ? ", " : "", url);
@@ -127,8 +127,7 @@ static MYSQL *open_node(const char *url, const char *database)
     unsigned timeout = 5;
     mysql_options(db, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
     mysql_options(db, MYSQL_OPT_READ_TIMEOUT, &timeout);
-    cr_assert(mysql_real_connect(db, dsn.host, dsn.user, dsn.password, database, dsn.port, NULL,
-                                 0),
+    cr_assert(mysql_real_connect(db, dsn.host, dsn.user, dsn.password, database, dsn.port, NULL, 0),
               "cannot connect to %s:%u: %s", dsn.host, dsn.port, mysql_error(db));
     return db;
 }
@@ -521,8 +520,8 @@ Test(galera, two_relays_on_two_nodes_and_the_lease_holders_node_killed_publish_e
     note_break_time(survivor);
     snprintf(restore_command, sizeof restore_command, "start-galera-node %s", node);
     publish_duplicates(&F.h);
-    arrival_pause_ms = wait_next_row(
-        survivor, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1", killed_ms);
+    arrival_pause_ms =
+        wait_next_row(survivor, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1", killed_ms);
     wait_all_settled(&F.h, survivor);
     cr_assert_eq(wait_node_scalar(survivor, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1",
                                   EVENTS, 120000),

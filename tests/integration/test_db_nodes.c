@@ -200,8 +200,9 @@ Test(db_nodes, a_read_only_node_is_passed_over)
     snprintf(expect, sizeof expect, "MySQL node in use: %s (node 2 of 2)", live);
     cr_assert(harness_log_count(&F.h, expect) >= 1, "the read-only node was not passed over");
     char sql[256];
-    snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM information_schema.tables WHERE "
-                              "table_schema = '%s' AND table_name = 'msg_dedup'",
+    snprintf(sql, sizeof sql,
+             "SELECT COUNT(*) FROM information_schema.tables WHERE "
+             "table_schema = '%s' AND table_name = 'msg_dedup'",
              F.h.database);
     cr_assert(mysql_query(tls_server, sql) == 0, "%s", mysql_error(tls_server));
     MYSQL_RES *res = mysql_store_result(tls_server);
@@ -278,15 +279,14 @@ Test(db_nodes, a_frozen_node_under_load_is_left_for_the_next_and_each_message_ap
 
     cr_assert(harness_wait_scalar(&F.h, ORDERS, 120000, "SELECT COUNT(*) FROM msg_dedup"));
     cr_assert(harness_wait_queue_depth(&F.h, F.h.queue, 0, 60000));
-    cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"),
-                 ORDERS);
+    cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), ORDERS);
     cr_assert_eq(harness_queue_depth_of(&F.h, ".dlq"), 0, "a message was dead-lettered");
     harness_stop_idemq(&F.daemon);
     /* A COMMIT that landed just before the freeze, its answer held by the proxy, is unknown to
      * idemq: its redelivery is then a duplicate. Every delivery is settled once either way. */
     long processed = harness_summary_total(F.h.log_path, "processed");
     long deduped = harness_summary_total(F.h.log_path, "deduped");
-    cr_assert_eq(processed + deduped, ORDERS + DUPLICATES, "processed %ld, deduped %ld",
-                 processed, deduped);
+    cr_assert_eq(processed + deduped, ORDERS + DUPLICATES, "processed %ld, deduped %ld", processed,
+                 deduped);
     cr_assert(processed <= ORDERS, "processed %ld > %d orders", processed, ORDERS);
 }
