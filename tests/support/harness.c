@@ -883,13 +883,43 @@ static bool log_reached(harness *h, void *arg)
     return harness_log_count_in(w->log_path, w->needle) >= w->at_least;
 }
 
+/* The last lines of log_path in the test's output: the suite's teardown deletes the log of a
+ * failed wait, and a failure seen only in a full run is otherwise gone with it. */
+static void log_tail_to_test_output(const char *log_path, size_t lines)
+{
+    FILE *f = fopen(log_path, "r");
+    if (!f)
+        return;
+    char *ring[32] = {NULL};
+    size_t n = 0, keep = lines < 32 ? lines : 32;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        free(ring[n % keep]);
+        ring[n % keep] = strndup(line, 400);
+        n++;
+    }
+    free(line);
+    fclose(f);
+    size_t first = n > keep ? n - keep : 0;
+    for (size_t i = first; i < n; i++) {
+        char *text = ring[i % keep];
+        text[strcspn(text, "\n")] = '\0';
+        cr_log_error("  log: %s", text);
+    }
+    for (size_t i = 0; i < keep; i++)
+        free(ring[i]);
+}
+
 bool harness_wait_log_in(const char *log_path, const char *needle, long at_least, int timeout_ms)
 {
     log_wait w = {.log_path = log_path, .needle = needle, .at_least = at_least};
     bool ok = harness_wait_for(log_reached, NULL, &w, timeout_ms);
-    if (!ok)
+    if (!ok) {
         cr_log_error("waited %d ms for %ld line(s) of %s containing %s; found %ld", timeout_ms,
                      at_least, log_path, needle, harness_log_count_in(log_path, needle));
+        log_tail_to_test_output(log_path, 20);
+    }
     return ok;
 }
 
