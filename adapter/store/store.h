@@ -62,6 +62,8 @@ struct store_job {
                                        * when the database passed, else why not (mostly
                                        * APPLY_UNAVAILABLE) */
     unsigned int mysql_errno;
+    uint64_t dedup_row_id;            /* APPLY: the id of the dedup row the attempt inserted, 0
+                                       * before (tells its own row from another copy's) */
     uint64_t duration_ns;
     char error[STORE_ERROR_MAX];
 };

@@ -18,7 +18,7 @@
 #include "outbox/writer.h"
 
 static const char dedup_lookup_sql[] =
-    "SELECT 1 FROM msg_dedup WHERE biz_key = ? AND handler_name = ?";
+    "SELECT id FROM msg_dedup WHERE biz_key = ? AND handler_name = ?";
 
 
 /* Binds (biz_key, handler_name) as the two parameters of a dedup statement. */
@@ -32,6 +32,7 @@ static void bind_dedup_key(MYSQL_BIND params[2], db_bind_slot slots[2], const ch
 apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
                                             const char *handler_name)
 {
+    job->dedup_row_id = 0;
     apply_status status = store_session_prepare_dedup_insert(s, job, false);
     if (status != APPLY_OK)
         return status;
@@ -46,26 +47,48 @@ apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
                                   s->dedup_insert);
         return db_error_classify(job->mysql_errno);
     }
+    job->dedup_row_id = mysql_stmt_insert_id(s->dedup_insert);
     return APPLY_OK;
 }
 
-/* After idemq's transaction ended behind its back and was rolled back: is the dedup row
- * committed (1), absent (0), or unknown (-1, the connection failed)? */
-static int dedup_row_committed(store_session *s, const char *biz_key, const char *handler_name)
+typedef enum dedup_row_found {
+    DEDUP_ROW_UNKNOWN, /* the lookup failed (the connection) */
+    DEDUP_ROW_ABSENT,
+    DEDUP_ROW_OURS,    /* the row the attempt inserted (or one it cannot tell apart: no id) */
+    DEDUP_ROW_A_COPYS, /* another delivery's, committed on another connection or node */
+} dedup_row_found;
+
+/* After idemq's transaction ended behind its back and was rolled back: is job's dedup row
+ * committed, and by whom? Its id tells: the attempt's own insert has job->dedup_row_id, while a
+ * copy of the message that committed after the server rolled this attempt back (a deadlock's
+ * other side, a Galera node whose write aborted this one) inserted a row of its own. */
+static dedup_row_found find_dedup_row(store_session *s, const store_job *job,
+                                      const char *handler_name)
 {
     MYSQL_STMT *stmt;
-    MYSQL_BIND params[2];
+    MYSQL_BIND params[2], result;
     db_bind_slot slots[2] = {{0}};
     db_error error;
-    int found = -1;
+    dedup_row_found found = DEDUP_ROW_UNKNOWN;
+    unsigned long long id = 0;
     int rc = db_prepare(s->db, dedup_lookup_sql, &stmt, &error);
     if (rc == -ENOMEM)
-        return -1;
+        return DEDUP_ROW_UNKNOWN;
     if (rc == 0) {
-        bind_dedup_key(params, slots, biz_key, handler_name);
+        bind_dedup_key(params, slots, job->env->biz_key, handler_name);
+        memset(&result, 0, sizeof result);
+        result.buffer_type = MYSQL_TYPE_LONGLONG;
+        result.buffer = &id;
+        result.is_unsigned = 1;
         if (mysql_stmt_bind_param(stmt, params) == 0 && mysql_stmt_execute(stmt) == 0 &&
-            mysql_stmt_store_result(stmt) == 0)
-            found = mysql_stmt_num_rows(stmt) > 0;
+            mysql_stmt_bind_result(stmt, &result) == 0 && mysql_stmt_store_result(stmt) == 0) {
+            if (mysql_stmt_fetch(stmt) != 0)
+                found = DEDUP_ROW_ABSENT;
+            else if (job->dedup_row_id != 0 && id != job->dedup_row_id)
+                found = DEDUP_ROW_A_COPYS;
+            else
+                found = DEDUP_ROW_OURS;
+        }
         mysql_stmt_close(stmt);
     }
     mysql_rollback(s->db); /* the lookup opened a read transaction: autocommit is off */
@@ -77,15 +100,24 @@ apply_status store_transaction_ended(store_session *s, store_job *job, const cha
 {
     *committed_out = false;
     mysql_rollback(s->db);
-    int committed = dedup_row_committed(s, job->env->biz_key, handler_name);
-    if (committed < 0) {
+    dedup_row_found found = find_dedup_row(s, job, handler_name);
+    if (found == DEDUP_ROW_UNKNOWN) {
         snprintf(job->error, sizeof job->error,
                  "idemq's transaction ended during the handler, and checking the dedup row "
                  "failed: MySQL error %u: %s",
                  mysql_errno(s->db), mysql_error(s->db));
         return APPLY_UNAVAILABLE;
     }
-    if (committed) {
+    if (found == DEDUP_ROW_A_COPYS) {
+        /* The server rolled this attempt back (that is where the savepoint went), whatever the
+         * handler made of it, and the message has been applied by its copy since. */
+        snprintf(job->error, sizeof job->error,
+                 "idemq's transaction was rolled back under the handler, and another delivery of "
+                 "the message committed its dedup row since: a duplicate");
+        job->mysql_errno = 0;
+        return APPLY_DUPLICATE;
+    }
+    if (found == DEDUP_ROW_OURS) {
         /* Something the handler ran committed the dedup row with part of the effect: a retry
          * would be swallowed as a duplicate, so only a person can put this right. */
         *committed_out = true;

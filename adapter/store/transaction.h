@@ -51,8 +51,10 @@ apply_status store_transaction_write_outbox(store_session *s, store_job *job, si
  * After a savepoint set in idemq's transaction was found gone (ER_SP_DOES_NOT_EXIST) while job's
  * handler ran, which had reported status: rolls back whatever runs in the transaction's place,
  * looks job's dedup row up and returns the status that tells the truth, with the cause in
- * job->error. *committed is set when the dedup row turned out committed — by something the
- * handler ran, which then committed everything before it in the transaction too.
+ * job->error. *committed is set when the dedup row the attempt inserted (job->dedup_row_id)
+ * turned out committed — by something the handler ran, which then committed everything before it
+ * in the transaction too. A row with another id is a copy's, committed after the server rolled
+ * the attempt back (a deadlock, a cluster's conflict): APPLY_DUPLICATE.
  */
 apply_status store_transaction_ended(store_session *s, store_job *job, const char *handler_name,
                                      apply_status status, bool *committed);

@@ -185,13 +185,65 @@ static void wait_all_settled(harness *h, MYSQL *db)
     cr_assert(harness_wait_queue_depth(h, h->queue, 0, 120000), "the work queue did not drain");
 }
 
+/* The string header name of m into buf ("" when absent). */
+static const char *header_text(const amqp_message_t *m, const char *name, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (!(m->properties._flags & AMQP_BASIC_HEADERS_FLAG))
+        return buf;
+    for (int i = 0; i < m->properties.headers.num_entries; i++) {
+        const amqp_table_entry_t *e = &m->properties.headers.entries[i];
+        if (e->key.len == strlen(name) && memcmp(e->key.bytes, name, e->key.len) == 0 &&
+            (e->value.kind == AMQP_FIELD_KIND_UTF8 || e->value.kind == AMQP_FIELD_KIND_BYTES))
+            snprintf(buf, len, "%.*s", (int)e->value.value.bytes.len,
+                     (const char *)e->value.value.bytes.bytes);
+    }
+    return buf;
+}
+
+/* Logs what was dead-lettered (its class, error and body; up to five): a dead letter here is a
+ * failure a full run shows once, and the DLQ is deleted with the test's vhost. */
+static void log_dead_letters(harness *h, const char *const *log_paths, size_t n)
+{
+    char dlq[300], error_class[64], error[512];
+    snprintf(dlq, sizeof dlq, "%s.dlq", h->queue);
+    amqp_message_t m;
+    for (int i = 0; i < 5 && harness_get(h, dlq, &m); i++) {
+        cr_log_error("dead letter: class %s, error \"%s\", body %.*s",
+                     header_text(&m, "idemq-error-class", error_class, sizeof error_class),
+                     header_text(&m, "idemq-error", error, sizeof error), (int)m.body.len,
+                     (const char *)m.body.bytes);
+        /* Its story in the instances' logs: the lines that name its biz_key. */
+        const char *key = memmem(m.body.bytes, m.body.len, "order_id:", 9);
+        const char *end = key ? memchr(key, '"', m.body.len - (size_t)(key - (char *)m.body.bytes))
+                              : NULL;
+        char needle[96];
+        snprintf(needle, sizeof needle, "%.*s", end ? (int)(end - key) : 0, key ? key : "");
+        for (size_t l = 0; needle[0] && l < n; l++) {
+            FILE *f = fopen(log_paths[l], "r");
+            char *line = NULL;
+            size_t cap = 0;
+            while (f && getline(&line, &cap, f) >= 0)
+                if (strstr(line, needle))
+                    cr_log_error("  %s: %s", l ? "second" : "first", line);
+            free(line);
+            if (f)
+                fclose(f);
+        }
+        amqp_destroy_message(&m);
+    }
+}
+
 /* Every event applied once, on node db (borrowed): the counts of the header. log_paths: the
  * logs of the idemq instances that ran, stopped (their summaries add up). */
 static void assert_each_event_once(harness *h, MYSQL *db, const char *const *log_paths, size_t n)
 {
     cr_assert_eq(node_scalar(db, "SELECT COUNT(*) FROM msg_dedup"), EVENTS);
     cr_assert_eq(node_scalar(db, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
-    cr_assert_eq(harness_queue_depth_of(h, ".dlq"), 0, "a message was dead-lettered");
+    long dead_letters = harness_queue_depth_of(h, ".dlq");
+    if (dead_letters != 0)
+        log_dead_letters(h, log_paths, n);
+    cr_assert_eq(dead_letters, 0, "%ld messages were dead-lettered", dead_letters);
     long processed = 0, deduped = 0, state_noop = 0;
     for (size_t i = 0; i < n; i++) {
         processed += harness_summary_total(log_paths[i], "processed");

@@ -14,12 +14,18 @@
  *             OFF), or a CALLed procedure that runs ROLLBACK (needs no server option). Without
  *             the guard idemq would commit the effect with no dedup row; with it the attempt is
  *             retried ("rolled back under it") and the retry applies the effect exactly once.
+ *   whose row: store_transaction_ended on a real deadlock whose other side then commits a copy's
+ *             dedup row (what a Galera node's write does to a transaction on another node): the
+ *             row's id is not the attempt's, so the message is a duplicate, not a handler's
+ *             COMMIT; and the control, the attempt's own row committed under it.
  *
  * Every assertion that matters is made in the database (dedup rows, business rows). Waits are on
  * observable conditions (log lines, row counts, queue depths) with deadlines; no sleep stands in
  * for an event. Each test has its own database and queue (harness.h).
  */
 #include <criterion/criterion.h>
+#include <mysqld_error.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +33,10 @@
 #include <time.h>
 
 #include "broker/message.h"
+#include "envelope/envelope.h"
 #include "harness.h"
+#include "store/session.h"
+#include "store/transaction.h"
 
 #ifndef IDEMQ_SWALLOW_ROLLBACK_PLUGIN
 #error "CMake passes IDEMQ_SWALLOW_ROLLBACK_PLUGIN (tests/support/plugins/swallow_rollback.c)"
@@ -171,14 +180,14 @@ static void create_ledger(void)
                     "biz_key VARBINARY(128) NOT NULL, amount BIGINT NOT NULL) ENGINE=InnoDB");
 }
 
-static const char *plugin_yaml(const char *config)
+static const char *plugin_yaml(const char *plugin_config)
 {
     static char yaml[1024];
     snprintf(yaml, sizeof yaml,
              "      type: plugin\n"
              "      path: \"%s\"\n"
              "      config: %s\n",
-             IDEMQ_SWALLOW_ROLLBACK_PLUGIN, config);
+             IDEMQ_SWALLOW_ROLLBACK_PLUGIN, plugin_config);
     return yaml;
 }
 
@@ -225,16 +234,16 @@ Test(transaction_guard, a_called_procedure_that_commits_is_dead_lettered_not_ack
     cr_assert(harness_wait_queue_depth(&H, dlq(), 1, DEADLINE_MS));
     amqp_message_t m;
     cr_assert(harness_get(&H, dlq(), &m));
-    char error_class[64], error[1100];
+    char dead_letter_class[64], error[1100];
     int64_t retries = -1;
-    header_text(&m, "idemq-error-class", error_class, sizeof error_class);
+    header_text(&m, "idemq-error-class", dead_letter_class, sizeof dead_letter_class);
     header_text(&m, "idemq-error", error, sizeof error);
     message_header_int(&m.properties, "idemq-retries", &retries);
     char body[512];
     snprintf(body, sizeof body, "%.*s", (int)m.body.len, (const char *)m.body.bytes);
     cr_expect(strstr(body, "\"order_id\":\"c-1\""), "the dead letter is not c-1's: %s", body);
     amqp_destroy_message(&m);
-    cr_expect_str_eq(error_class, "non_retryable", "%s", error);
+    cr_expect_str_eq(dead_letter_class, "non_retryable", "%s", error);
     cr_expect_eq(retries, 0, "a committed dedup row must not go through the retry ladder");
     cr_expect(strstr(error, "ended idemq's transaction"), "idemq-error: %s", error);
     cr_expect(strstr(error, GUARD_COMMIT_REASON), "idemq-error: %s", error);
@@ -367,4 +376,138 @@ Test(transaction_guard, a_rollback_in_a_called_procedure_swallowed_by_a_plugin_i
     harness_stop_idemq(&daemon_pid);
     cr_expect_eq(harness_queue_depth(&H, dlq()), 0);
     cr_expect_eq(harness_queue_depth(&H, H.queue), 0);
+}
+
+/* ---------------------------------------------------------- a deadlock victim and its copy */
+
+typedef struct victim_update {
+    MYSQL *db;
+    unsigned int error_number; /* the UPDATE's error, 0 when it went through */
+} victim_update;
+
+static void *run_victim_update(void *arg)
+{
+    victim_update *v = arg;
+    if (mysql_query(v->db, "UPDATE orders SET status = 'PAID' WHERE order_id = 'g0'") != 0)
+        v->error_number = mysql_errno(v->db);
+    return NULL;
+}
+
+typedef struct waiting_statement {
+    unsigned long connection_id;
+} waiting_statement;
+
+static bool update_waits(harness *h, void *arg)
+{
+    const waiting_statement *w = arg;
+    return harness_scalar(h,
+                          "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %lu AND "
+                          "INFO LIKE 'UPDATE orders%%'",
+                          w->connection_id) == 1;
+}
+
+/* What a Galera node did in a full run: idemq's transaction on one node, a copy of its message
+ * committed on another, whose write then aborted idemq's (a deadlock, 1213) and committed the
+ * dedup row. The savepoint is gone because the server rolled back, not because the handler
+ * committed: the row found is the copy's (another id), so the message is a duplicate — never
+ * dead-lettered as a handler that commits. Driven on store_transaction_ended itself, with a real
+ * deadlock: in the daemon the copy's COMMIT races idemq's lookup. */
+Test(transaction_guard, a_deadlock_victim_whose_copy_committed_the_dedup_row_is_a_duplicate)
+{
+    setup("guard_deadlock_copy", NULL);
+    harness_insert_orders(&H, "g", 1, "PAYING");
+    static const char biz_key[] = "order_id:g0:PAY";
+
+    /* idemq's side, as store_transaction_run leaves it when its handler runs. */
+    MYSQL *idemq_db = harness_db_open(&H);
+    cr_assert(mysql_autocommit(idemq_db, 0) == 0);
+    cr_assert(mysql_query(idemq_db, "INSERT INTO msg_dedup (biz_key, handler_name) VALUES "
+                                    "('order_id:g0:PAY', 'pay-callback')") == 0,
+              "%s", mysql_error(idemq_db));
+    uint64_t own_row_id = mysql_insert_id(idemq_db);
+    cr_assert(mysql_query(idemq_db, "SAVEPOINT " TXN_GUARD_SAVEPOINT) == 0);
+
+    /* The other side holds the order's row and has written more (the filler rows), so InnoDB
+     * picks idemq's side as the deadlock's victim. */
+    harness_sql(&H, "CREATE TABLE filler (id INT AUTO_INCREMENT PRIMARY KEY, pad CHAR(100)) "
+                    "ENGINE=InnoDB");
+    locker = harness_db_open(&H);
+    cr_assert(mysql_query(locker, "START TRANSACTION") == 0);
+    cr_assert(mysql_query(locker, "INSERT INTO filler (pad) SELECT 'x' FROM "
+                                  "information_schema.COLUMNS LIMIT 1000") == 0,
+              "%s", mysql_error(locker));
+    cr_assert(mysql_query(locker, "SELECT status FROM orders WHERE order_id = 'g0' FOR UPDATE") ==
+              0);
+    mysql_free_result(mysql_store_result(locker));
+
+    victim_update victim = {.db = idemq_db};
+    pthread_t thread;
+    cr_assert(pthread_create(&thread, NULL, run_victim_update, &victim) == 0);
+    waiting_statement w = {.connection_id = mysql_thread_id(idemq_db)};
+    bool waited = harness_wait_for(update_waits, &H, &w, DEADLINE_MS);
+    /* The copy wants the dedup row: a cycle; the victim's rollback lets it through. */
+    int copy_rc = mysql_query(locker, "INSERT INTO msg_dedup (biz_key, handler_name) VALUES "
+                                      "('order_id:g0:PAY', 'pay-callback')");
+    char copy_error[512];
+    snprintf(copy_error, sizeof copy_error, "%s", mysql_error(locker));
+    cr_assert(mysql_query(locker, "COMMIT") == 0 || copy_rc != 0);
+    pthread_join(thread, NULL);
+    cr_assert(waited, "idemq's side never waited for the order's row");
+    cr_assert_eq(copy_rc, 0, "the copy was the deadlock's victim instead: %s", copy_error);
+    cr_assert_eq(victim.error_number, ER_LOCK_DEADLOCK, "idemq's side got %u, not a deadlock",
+                 victim.error_number);
+    cr_assert(mysql_query(idemq_db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) != 0 &&
+                  mysql_errno(idemq_db) == ER_SP_DOES_NOT_EXIST,
+              "the deadlock left the savepoint");
+    cr_assert_eq(dedup_rows("g0"), 1, "the copy's dedup row is committed");
+
+    store_session session = {.db = idemq_db};
+    envelope env = {.biz_key = biz_key};
+    /* Whatever the handler made of the rollback: its own failure (as an sql handler reports the
+     * deadlock), or success (a plugin that swallowed it). */
+    const apply_status reported[] = {APPLY_RETRYABLE, APPLY_NON_RETRYABLE, APPLY_OK};
+    for (size_t i = 0; i < sizeof reported / sizeof reported[0]; i++) {
+        store_job job = {.env = &env, .mysql_errno = ER_LOCK_DEADLOCK, .dedup_row_id = own_row_id};
+        snprintf(job.error, sizeof job.error, "statement 1: MySQL error 1213: Deadlock found");
+        bool committed = true;
+        apply_status status =
+            store_transaction_ended(&session, &job, "pay-callback", reported[i], &committed);
+        cr_assert_eq(status, APPLY_DUPLICATE, "handler status %d: got %d: %s", (int)reported[i],
+                     (int)status, job.error);
+        cr_assert_not(committed, "the copy's row was taken for the handler's COMMIT");
+    }
+    mysql_close(idemq_db);
+}
+
+/* The control: the row found is the attempt's own (its id), committed by the handler — the case
+ * the guard exists for, whatever the handler then reported. */
+Test(transaction_guard, an_attempts_own_dedup_row_committed_under_it_is_the_handlers_commit)
+{
+    setup("guard_own_commit", NULL);
+    static const char biz_key[] = "order_id:g1:PAY";
+    MYSQL *idemq_db = harness_db_open(&H);
+    cr_assert(mysql_autocommit(idemq_db, 0) == 0);
+    cr_assert(mysql_query(idemq_db, "INSERT INTO msg_dedup (biz_key, handler_name) VALUES "
+                                    "('order_id:g1:PAY', 'pay-callback')") == 0,
+              "%s", mysql_error(idemq_db));
+    uint64_t own_row_id = mysql_insert_id(idemq_db);
+    cr_assert_gt(own_row_id, 0);
+    cr_assert(mysql_query(idemq_db, "SAVEPOINT " TXN_GUARD_SAVEPOINT) == 0);
+    cr_assert(mysql_query(idemq_db, "COMMIT") == 0); /* what a CALLed procedure's COMMIT does */
+    cr_assert(mysql_query(idemq_db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) != 0);
+
+    store_session session = {.db = idemq_db};
+    envelope env = {.biz_key = biz_key};
+    const apply_status reported[] = {APPLY_OK, APPLY_RETRYABLE};
+    for (size_t i = 0; i < sizeof reported / sizeof reported[0]; i++) {
+        store_job job = {.env = &env, .dedup_row_id = own_row_id};
+        bool committed = false;
+        apply_status status =
+            store_transaction_ended(&session, &job, "pay-callback", reported[i], &committed);
+        cr_assert_eq(status, APPLY_NON_RETRYABLE, "handler status %d: got %d: %s",
+                     (int)reported[i], (int)status, job.error);
+        cr_assert(committed);
+        cr_assert(strstr(job.error, GUARD_COMMIT_REASON), "%s", job.error);
+    }
+    mysql_close(idemq_db);
 }
