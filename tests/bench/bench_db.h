@@ -14,6 +14,7 @@
 #define IDEMQ_BENCH_DB_H
 
 #include <mysql.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "db/dsn.h"
@@ -46,6 +47,10 @@ const char *bench_shape_name(bench_shape shape);
 
 /* Builds the workload of `messages` events (deterministic). */
 void bench_workload_init(bench_workload *w, int messages);
+
+/* The same with percent% duplicates instead of 10% (0..95), each arriving up to ~max_lag
+ * messages after its original instead of ~200 (a resend after an incident: the whole stream). */
+void bench_workload_init_duplicates(bench_workload *w, int messages, int percent, int max_lag);
 void bench_workload_free(bench_workload *w);
 
 /* The JSON body of event e for order "<prefix><order>" (what the broker benchmarks publish);
@@ -62,8 +67,27 @@ MYSQL *bench_db_connect(const db_dsn *dsn, const char *database);
 /* Runs text on db; exits on failure. */
 void bench_sql(MYSQL *db, const char *text);
 
-/* Fresh BENCH_DATABASE: msg_dedup, and the workload's orders in PAYING. */
+/* Fresh BENCH_DATABASE: msg_dedup, and the workload's orders in PAYING. With a dedup window
+ * (bench_db_preload_window) msg_dedup keeps the window's rows and loses only the runs' own. */
 void bench_db_reset(const db_dsn *dsn, const bench_workload *w);
+
+/* The dedup window of scripts/bench --dedup-rows: BENCH_DATABASE made fresh with `rows` dedup
+ * rows in msg_dedup before any run, as a deployment that keeps days of keys has them — four
+ * handlers' keys (pay-callback's "order_id:b<n>x:PAY_SUCCESS": the workload's own
+ * "order_id:b<n>:PAY_SUCCESS" sort among them, so its inserts land all over that index, as random
+ * keys do),
+ * created_at spread over the last six days. Loaded with INSERT … SELECT in chunks of a million;
+ * a database that already holds a window of that size is reused (loading 50 million rows takes
+ * minutes), a smaller one grows, and size 0 parks a kept window under another name (an empty
+ * msg_dedup for the same run's baseline; the next size restores it). Rows with an id up to
+ * bench_window_max_id are the window's. */
+void bench_db_preload_window(const db_dsn *dsn, long long rows);
+extern unsigned long long bench_window_max_id;
+extern bool bench_window_on; /* a window (of any size, 0 too) is in place */
+
+/* "SELECT COUNT(*) FROM msg_dedup" over the runs' own rows (the window's are left out, and
+ * counting them would take seconds at these sizes): a static string. */
+const char *bench_dedup_count_sql(void);
 
 /* Applies the whole workload with `workers` connections, each taking `batch` events at a time
  * from a shared cursor, in the given shape; returns events per second. Checks the result: every

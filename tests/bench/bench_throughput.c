@@ -19,7 +19,13 @@
  * same biz_key) arriving up to ~200 messages later (bench_db.h).
  *
  * Usage: bench_throughput [messages=20000] [runs=1] [workers=4] [--batch N] [--prefetch N]
- *        [--linger MS] [--shapes]
+ *        [--linger MS] [--shapes] [--no-emit] [--dedup-rows N]
+ * --dedup-rows N: msg_dedup holds N rows of earlier traffic through every run (a retention
+ * window; bench_db_preload_window), and the runs count only their own rows. A list (0,10000000,
+ * 50000000) measures instead the batched database ceiling and idemq at each size in turn, the
+ * window growing between them, as ratios to the first.
+ * --flood P: instead, idemq on all-distinct messages and on P% duplicates, and the raw broker.
+ * --instances 1,2,4: instead, idemq with that many processes on the one queue.
  * Needs IDEMQ_TEST_AMQP_URL and IDEMQ_TEST_MYSQL_URL (scripts/services start writes them to
  * .state/env); run via scripts/bench. Not a test: it measures, it asserts only correctness.
  */
@@ -32,6 +38,9 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -49,6 +58,13 @@
 static int messages = 20000, runs = 1, workers = 4, batch = CONFIG_DEFAULT_BATCH, prefetch = 1000,
            linger_ms = -1;
 static bool with_emit = true; /* --no-emit leaves out the run with one emit per message */
+static long long dedup_rows;  /* --dedup-rows: the dedup window preloaded before the runs */
+#define MAX_WINDOWS 8
+static long long windows[MAX_WINDOWS]; /* --dedup-rows A,B,…: the window mode's sizes */
+static int window_count;
+static int flood_percent; /* --flood P: the duplicate flood's share of duplicates */
+static int instance_counts[MAX_WINDOWS]; /* --instances A,B,…: idemq processes on one queue */
+static int instance_rows;
 static int shapes;
 static db_dsn dsn;
 static bench_workload workload;
@@ -221,6 +237,74 @@ static double run_shared_ceiling(bench_shape shape)
 /* ------------------------------------------------------------------------------------- idemq */
 
 static char config_path[64];
+static int http_port; /* idemq's /metrics port when the run waits for every settlement; 0: any */
+
+/* A port free now on 127.0.0.1 (the kernel's pick; a bench, not a test, can take the race). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        die("port", "no free port");
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* The messages idemq has settled (the sum of idemq_messages_total over its outcomes), from its
+ * /metrics; -1 while it does not answer. */
+static long long settled_count(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)http_port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    static const char request[] = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (write(fd, request, sizeof request - 1) != (ssize_t)(sizeof request - 1)) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = 1 << 16, used = 0;
+    char *body = malloc(cap);
+    ssize_t n;
+    while (body && (n = read(fd, body + used, cap - used - 1)) > 0) {
+        used += (size_t)n;
+        if (used + 1 == cap)
+            body = realloc(body, cap *= 2);
+    }
+    close(fd);
+    if (!body)
+        die("metrics", "out of memory");
+    body[used] = '\0';
+    long long total = 0;
+    static const char sample[] = "\nidemq_messages_total{";
+    for (char *p = strstr(body, sample); p; p = strstr(p + 1, sample)) {
+        char *value = strchr(p, '}');
+        if (value)
+            total += strtoll(value + 1, NULL, 10);
+    }
+    free(body);
+    return total;
+}
+
+/* Waits until idemq has settled expected messages: the drain's true end, when duplicates arrive
+ * after the last new key's dedup row. */
+static void wait_settled(long long expected, double deadline_s)
+{
+    double start = now_s();
+    while (settled_count() < expected) {
+        struct timespec pause = {.tv_nsec = 5 * 1000000};
+        nanosleep(&pause, NULL);
+        if (now_s() - start > deadline_s)
+            die("idemq", "did not settle every message in time");
+    }
+}
 
 /* emit: one downstream message per applied event, relayed to QUEUE_EMITTED. */
 #define QUEUE_EMITTED "bench.emitted"
@@ -240,16 +324,18 @@ static void write_config(int run_batch, bool emit)
              dsn.socket[0] ? "?socket=" : "", dsn.socket);
     if (linger_ms >= 0)
         snprintf(linger, sizeof linger, ", batch_linger_ms: %d", linger_ms);
+    char listen[32];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", http_port);
     fprintf(f,
             "amqp: {url: \"%s\", prefetch: %d}\nmysql: {url: \"%s\", workers: %d, batch: %d%s}\n"
-            "log: {level: %s}\nhttp: {listen: \"127.0.0.1:0\"}\n"
+            "log: {level: %s}\nhttp: {listen: \"%s\"}\n"
             "consumers:\n  - queue: " QUEUE_IDEMQ "\n    handler_name: pay-callback\n"
             "    handler:\n      type: state_machine\n      table: orders\n"
             "      key_column: order_id\n      key_field: order_id\n      state_column: status\n"
             "      event_field: event_type\n      transitions:\n%s"
             "      set: {amount: amount}\n",
             getenv("IDEMQ_TEST_AMQP_URL"), prefetch, url, workers, run_batch, linger,
-            getenv("IDEMQ_BENCH_LOG") ? "debug" : "warn",
+            getenv("IDEMQ_BENCH_LOG") ? "debug" : "warn", listen,
             emit ? emit_yaml : "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n");
     fclose(f);
 }
@@ -421,11 +507,11 @@ static double live_rate(MYSQL *db)
     latency_run lr = {.prefix = 'm', .count = workload.count, .rate = 1e9, .sample_every = 1};
     lr.published = calloc((size_t)workload.orders, sizeof *lr.published);
     atomic_init(&lr.published_count, 0);
-    long long before = scalar(db, "SELECT COUNT(*) FROM msg_dedup");
+    long long before = scalar(db, bench_dedup_count_sql());
     uv_thread_t publisher;
     double start = now_s();
     uv_thread_create(&publisher, publisher_main, &lr);
-    wait_rows(db, "SELECT COUNT(*) FROM msg_dedup", before + workload.orders, 600);
+    wait_rows(db, bench_dedup_count_sql(), before + workload.orders, 600);
     double rate = workload.count / (now_s() - start);
     uv_thread_join(&publisher);
     free(lr.published);
@@ -448,7 +534,7 @@ static double run_idemq_emitting(int run_batch)
     write_config(run_batch, true);
     double start = now_s();
     pid_t pid = spawn_idemq();
-    wait_rows(db, "SELECT COUNT(*) FROM msg_dedup", workload.orders, 600);
+    wait_rows(db, bench_dedup_count_sql(), workload.orders, 600);
     emit_committed_rate = workload.count / (now_s() - start);
     wait_rows(db, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1", workload.orders, 600);
     double rate = workload.count / (now_s() - start);
@@ -461,6 +547,9 @@ static double run_idemq_emitting(int run_batch)
     mysql_close(db);
     return rate;
 }
+
+/* How many idemq processes run_idemq starts on the one queue (--instances). */
+static int instance_count = 1;
 
 static idemq_result run_idemq(int run_batch, bool latency)
 {
@@ -477,10 +566,18 @@ static idemq_result run_idemq(int run_batch, bool latency)
     preload(QUEUE_IDEMQ);
     write_config(run_batch, false);
     double start = now_s();
-    pid_t pid = spawn_idemq();
-    wait_rows(db, "SELECT COUNT(*) FROM msg_dedup", workload.orders, 600);
+    pid_t pid = spawn_idemq(), others[8];
+    for (int k = 1; k < instance_count; k++)
+        others[k] = spawn_idemq();
+    wait_rows(db, bench_dedup_count_sql(), workload.orders, 600);
+    if (http_port)
+        wait_settled(workload.count, 600);
     r.rate = workload.count / (now_s() - start);
     r.rss_mib = peak_rss_mib(pid);
+    for (int k = 1; k < instance_count; k++) {
+        kill(others[k], SIGTERM);
+        waitpid(others[k], NULL, 0);
+    }
     if (latency) {
         r.light = (latency_run){
             .prefix = 'l', .count = LIGHT_MESSAGES, .rate = LIGHT_RATE, .sample_every = 1};
@@ -510,6 +607,7 @@ static idemq_result run_idemq(int run_batch, bool latency)
 
 /* ------------------------------------------------------------------------------------- main */
 
+
 static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, compare);
@@ -530,10 +628,135 @@ static int server_has_returning(void)
     return yes;
 }
 
+/* --dedup-rows A,B,…: the batched database ceiling and idemq at the batch, each `runs` times,
+ * at every window size in turn (the window grows between them), as ratios to the first size. */
+static int run_windows(bench_shape batched)
+{
+    printf("bench_throughput: %d payment events (%d orders, %d duplicates), %d DB workers, "
+           "prefetch %d, mysql.batch %d, %s, %ld cores; msg_dedup grows between the rows\n",
+           workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
+           batch, server_name, sysconf(_SC_NPROCESSORS_ONLN));
+    printf("window   %12s   %-28s %-28s\n", "msg_dedup", "db batched ceiling",
+           "idemq mysql.batch");
+    fflush(stdout);
+    double first_db = 0, first_idemq = 0;
+    for (int w = 0; w < window_count; w++) {
+        bench_db_preload_window(&dsn, windows[w]);
+        double db[50], idemq[50];
+        for (int r = 0; r < runs; r++) {
+            db[r] = bench_db_run(&dsn, &workload, batched, workers, batch);
+            idemq[r] = run_idemq(batch, false).rate;
+        }
+        double d = median(db, runs), i = median(idemq, runs);
+        if (w == 0)
+            first_db = d, first_idemq = i;
+        /* What decides it: whether the unique index's pages stay in the buffer pool. */
+        MYSQL *admin = bench_db_connect(&dsn, BENCH_DATABASE);
+        /* Fresh statistics: MySQL caches information_schema's sizes for a day by default. */
+        if (mysql_query(admin, "SET SESSION information_schema_stats_expiry = 0") != 0)
+            mysql_errno(admin); /* MariaDB has no such variable and keeps no such cache */
+        bench_sql(admin, "ANALYZE TABLE msg_dedup");
+        mysql_free_result(mysql_store_result(admin));
+        double pool_mib = scalar(admin, "SELECT @@innodb_buffer_pool_size") / 1048576.0;
+        double table_mib = scalar(admin, "SELECT DATA_LENGTH + INDEX_LENGTH FROM "
+                                         "information_schema.TABLES WHERE TABLE_SCHEMA = "
+                                         "DATABASE() AND TABLE_NAME = 'msg_dedup'") /
+                           1048576.0;
+        mysql_close(admin);
+        printf("window   %12lld   %7.0f msg/s  %.2f × first   %7.0f msg/s  %.2f × first%s   "
+               "msg_dedup ~%.0f MiB, buffer pool %.0f MiB\n",
+               windows[w], d, d / first_db, i, i / first_idemq, runs > 1 ? "  (medians)" : "",
+               table_mib, pool_mib);
+        fflush(stdout);
+    }
+    fprintf(stderr, "bench: %s keeps its %lld-row dedup window (DROP DATABASE %s frees it)\n",
+            BENCH_DATABASE, windows[window_count - 1], BENCH_DATABASE);
+    bench_workload_free(&workload);
+    mysql_library_end();
+    return 0;
+}
+
+/* --flood P: idemq at the batch on the same number of messages, all distinct, then with P%
+ * duplicates twice: a storm (each copy within ~200 messages of its original, so copies of one
+ * key are in flight together) and a resend (copies spread over the whole stream, as a producer
+ * resending after an incident sends them: most arrive after their original committed); and the
+ * raw broker. `runs` times each, interleaved. */
+static int run_flood(void)
+{
+    bench_workload distinct, storm, resend;
+    bench_workload_free(&workload);
+    bench_workload_init_duplicates(&distinct, messages, 0, 200);
+    bench_workload_init_duplicates(&storm, messages, flood_percent, 200);
+    bench_workload_init_duplicates(&resend, messages, flood_percent, messages);
+    printf("bench_throughput: %d messages, all distinct and %d%% duplicates (%d orders), %d DB "
+           "workers, prefetch %d, mysql.batch %d, %s, %ld cores\n",
+           messages, flood_percent, storm.orders, workers, prefetch, batch, server_name,
+           sysconf(_SC_NPROCESSORS_ONLN));
+    fflush(stdout);
+    double broker[50], all_distinct[50], stormed[50], resent[50];
+    for (int r = 0; r < runs; r++) {
+        http_port = free_port();
+        workload = distinct;
+        broker[r] = run_broker_baseline();
+        all_distinct[r] = run_idemq(batch, false).rate;
+        workload = storm;
+        stormed[r] = run_idemq(batch, false).rate;
+        workload = resend;
+        resent[r] = run_idemq(batch, false).rate;
+    }
+    double b = median(broker, runs), d = median(all_distinct, runs), st = median(stormed, runs),
+           re = median(resent, runs);
+    const char *m = runs > 1 ? "median " : "";
+    printf("broker   raw consume + ack (prefetch %d)            %s%7.0f msg/s\n", prefetch, m, b);
+    printf("idemq    mysql.batch %-4d, all distinct            %s%7.0f msg/s\n", batch, m, d);
+    printf("idemq    mysql.batch %-4d, %2d%% duplicates, storm   %s%7.0f msg/s   = %.2f × all "
+           "distinct, %.2f × raw broker (copies within ~200 messages)\n",
+           batch, flood_percent, m, st, st / d, st / b);
+    printf("idemq    mysql.batch %-4d, %2d%% duplicates, resend  %s%7.0f msg/s   = %.2f × all "
+           "distinct, %.2f × raw broker (copies over the whole stream)\n",
+           batch, flood_percent, m, re, re / d, re / b);
+    workload = distinct;
+    bench_workload_free(&storm);
+    bench_workload_free(&resend);
+    bench_workload_free(&distinct);
+    mysql_library_end();
+    return 0;
+}
+
+/* --instances A,B,…: A, then B, … idemq processes draining one queue, `runs` times each
+ * (interleaved), as ratios to the first count. */
+static int run_instances(void)
+{
+    printf("bench_throughput: %d payment events (%d orders, %d duplicates), each instance %d DB "
+           "workers, prefetch %d, mysql.batch %d, %s, %ld cores\n",
+           workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
+           batch, server_name, sysconf(_SC_NPROCESSORS_ONLN));
+    double rates[MAX_WINDOWS][50];
+    for (int r = 0; r < runs; r++)
+        for (int k = 0; k < instance_rows; k++) {
+            instance_count = instance_counts[k];
+            rates[k][r] = run_idemq(batch, false).rate;
+        }
+    double first = 0;
+    for (int k = 0; k < instance_rows; k++) {
+        double rate = median(rates[k], runs);
+        if (k == 0)
+            first = rate;
+        printf("idemq    %d instance%s on one queue                %s%7.0f msg/s   %.2f × %d\n",
+               instance_counts[k], instance_counts[k] > 1 ? "s" : " ", runs > 1 ? "median " : "",
+               rate, rate / first, instance_counts[0]);
+    }
+    instance_count = 1;
+    bench_workload_free(&workload);
+    mysql_library_end();
+    return 0;
+}
+
 static void usage(void)
 {
     die("usage", "bench_throughput [messages] [runs 1..50] [workers 1..64] [--batch N] "
-                 "[--prefetch N] [--linger MS] [--shapes] [--no-emit]");
+                 "[--prefetch N] [--linger MS] [--shapes] [--no-emit] [--dedup-rows N[,N…]] "
+                 "[--flood PERCENT] [--instances N[,N…]]");
 }
 
 int main(int argc, char **argv)
@@ -550,6 +773,27 @@ int main(int argc, char **argv)
             prefetch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--linger") && i + 1 < argc)
             linger_ms = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--instances") && i + 1 < argc) {
+            for (char *p = argv[++i], *end; *p && instance_rows < MAX_WINDOWS; p = end) {
+                long k = strtol(p, &end, 10);
+                if (end == p || (*end && *end != ',') || k < 1 || k > 8)
+                    usage();
+                instance_counts[instance_rows++] = (int)k;
+                end += *end == ',';
+            }
+        } else if (!strcmp(argv[i], "--flood") && i + 1 < argc)
+            flood_percent = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--dedup-rows") && i + 1 < argc) {
+            for (char *p = argv[++i], *end; *p && window_count < MAX_WINDOWS; p = end) {
+                windows[window_count] = strtoll(p, &end, 10);
+                if (end == p || (*end && *end != ',') ||
+                    (window_count && windows[window_count] < windows[window_count - 1]))
+                    usage();
+                window_count++;
+                end += *end == ',';
+            }
+            dedup_rows = windows[0];
+        }
         else if (argv[i][0] == '-')
             usage();
         else if (positional == 0)
@@ -563,7 +807,8 @@ int main(int argc, char **argv)
     }
     if (messages < 100 || runs < 1 || runs > 50 || workers < 1 || workers > 64 || batch < 1 ||
         batch > CONFIG_MAX_BATCH || prefetch < 1 || prefetch > 65535 ||
-        linger_ms > CONFIG_MAX_BATCH_LINGER_MS)
+        linger_ms > CONFIG_MAX_BATCH_LINGER_MS || dedup_rows < 0 || dedup_rows > 2000000000 ||
+        flood_percent < 0 || flood_percent > 95)
         usage();
     if ((long)workers * batch > prefetch)
         die("usage", "workers × batch must not exceed the prefetch (as idemq's config requires)");
@@ -576,12 +821,20 @@ int main(int argc, char **argv)
     mysql_library_init(0, NULL, NULL);
     bench_workload_init(&workload, messages);
     bench_shape batched = server_has_returning() ? BENCH_SHAPE_RETURNING : BENCH_SHAPE_SET_BASED;
+    if (window_count > 1)
+        return run_windows(batched);
+    if (flood_percent > 0)
+        return run_flood();
+    if (instance_rows > 0)
+        return run_instances();
+    if (dedup_rows > 0)
+        bench_db_preload_window(&dsn, dedup_rows);
 
     printf("bench_throughput: %d payment events (%d orders, %d duplicates), %d DB workers, "
            "prefetch %d, mysql.batch %d; RabbitMQ, %s and the measured process share this "
-           "machine's %ld cores\n",
+           "machine's %ld cores; msg_dedup holds %lld rows of earlier traffic\n",
            workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
-           batch, server_name, sysconf(_SC_NPROCESSORS_ONLN));
+           batch, server_name, sysconf(_SC_NPROCESSORS_ONLN), dedup_rows);
     double broker[50], db_one[50], db_batched[50], idemq_one[50], idemq_batched[50],
         idemq_emit[50], shared[50];
     idemq_result last = {0};
@@ -657,9 +910,15 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
     }
-    MYSQL *admin = bench_db_connect(&dsn, NULL);
-    bench_sql(admin, "DROP DATABASE IF EXISTS " BENCH_DATABASE);
-    mysql_close(admin);
+    if (dedup_rows > 0) {
+        fprintf(stderr, "bench: %s keeps its %lld-row dedup window for the next run with "
+                        "--dedup-rows %lld (DROP DATABASE %s frees it)\n",
+                BENCH_DATABASE, dedup_rows, dedup_rows, BENCH_DATABASE);
+    } else {
+        MYSQL *admin = bench_db_connect(&dsn, NULL);
+        bench_sql(admin, "DROP DATABASE IF EXISTS " BENCH_DATABASE);
+        mysql_close(admin);
+    }
     bench_workload_free(&workload);
     mysql_library_end();
     return 0;
