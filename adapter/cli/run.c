@@ -48,6 +48,7 @@
 #include "store/health.h"
 #include "store/retention.h"
 #include "store/store.h"
+#include "util/monotonic.h"
 #include "util/rng.h"
 
 /* How often the loop reads the database health monitor (store/health.h) into idemq_up{mysql}
@@ -71,6 +72,7 @@ typedef struct runner {
     store_pool *store;
     broker_session_callbacks callbacks;
     settler settler;  /* carries out outcomes */
+    seen_keys *seen;  /* dedup.cache (NULL: off), lent to the settler */
     outage outage;    /* pause, hold, probe */
     uv_signal_t sigterm, sigint;
     uv_timer_t shutdown_timer, health_timer;
@@ -146,6 +148,13 @@ static void continue_delivery(runner *r, delivery *d)
         return;
     }
     d->job.on_done = settle_applied;
+    /* A copy of a key this instance saw committed needs no transaction, nor the database up. */
+    if (seen_keys_contains(r->settler.seen, d->consumer->handler_name, d->env.biz_key,
+                           (uint64_t)monotonic_ms())) {
+        metrics_seen_key_hit(r->metrics, d->msg->consumer_index);
+        settle_delivery(&r->settler, d, APPLY_DUPLICATE);
+        return;
+    }
     if (outage_is_paused(&r->outage)) {
         outage_hold(&r->outage, d); /* sent before our basic.cancel reached the broker */
         return;
@@ -505,6 +514,10 @@ static int run_consumers(const config *cfg)
                                               .on_consuming = on_consuming,
                                               .on_fatal = on_broker_fatal};
 
+    if (cfg->dedup.cache && !(r->seen = seen_keys_new(cfg->dedup.cache, cfg->dedup.cache_ttl_ms))) {
+        log_error(LOG_NO_CONTEXT, "out of memory for dedup.cache (%u keys)", cfg->dedup.cache);
+        goto out;
+    }
     if (store_pool_new(loop, cfg, &r->store, err, sizeof err) != 0) {
         log_error(LOG_NO_CONTEXT, "cannot start DB workers: %s", err);
         goto out;
@@ -536,6 +549,7 @@ static int run_consumers(const config *cfg)
     outage_init(&r->outage, loop, r->store, r->broker, r->metrics, &hooks);
     r->settler = (settler){.broker = r->broker, .metrics = r->metrics, .outage = &r->outage,
                            .retire = retire_delivery, .ctx = r};
+    r->settler.seen = r->seen;
     rng_init(&r->settler.random, (uint64_t)(uintptr_t)r);
     uv_timer_init(loop, &r->shutdown_timer);
     uv_timer_init(loop, &r->health_timer);
@@ -573,6 +587,7 @@ out_freed:
     uv_loop_close(loop);
     sd_notify_close(&r->notify);
     metrics_free(r->metrics);
+    seen_keys_free(r->seen);
     free(r);
     return exit_code;
 out:
@@ -582,6 +597,7 @@ out:
     uv_loop_close(loop);
     sd_notify_close(&r->notify);
     metrics_free(r->metrics);
+    seen_keys_free(r->seen);
     free(r);
     return exit_code;
 }

@@ -250,6 +250,7 @@ int config_load(const char *path, FILE *errors, config **out)
     config_finish_node_urls(&ctx, root, cfg);
     config_validate_amqp_tls(&ctx, cfg, root);
     config_validate_batch(&ctx, root, cfg);
+    config_validate_dedup_cache(&ctx, root, cfg);
     config_finish_outbox(&ctx, root, cfg);
     config_load_secrets(&ctx, root, cfg);
     config_validate_mysql_tls(&ctx, root, cfg);

@@ -184,11 +184,14 @@ typedef struct config_consumer {
                              * host->emit): the outbox table must exist and the relay runs */
 } config_consumer;
 
-/* dedup: the retention job that deletes old msg_dedup rows (store/retention.h). */
+/* dedup: the retention job that deletes old msg_dedup rows (store/retention.h), and the memory
+ * of keys this instance saw committed (run/seen_keys.h). */
 typedef struct config_dedup {
     uint64_t retention_ms;  /* 0 (default): rows are kept forever; else whole seconds, >= 1s */
     uint64_t interval_ms;   /* time between sweeps, 1s..1d, default 1m */
     unsigned batch;         /* rows per DELETE (one commit each), 1..100000, default 1000 */
+    unsigned cache;         /* keys remembered by run/seen_keys.h, 0 (default: off)..10^7 */
+    uint64_t cache_ttl_ms;  /* how long one is trusted, 1s..1d, default 10m, below retention */
 } config_dedup;
 
 /* outbox: the relay that publishes idemq_outbox rows after their COMMIT (outbox/relay.h). */

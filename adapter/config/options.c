@@ -201,6 +201,13 @@ static const opt dedup_table[] = {
      .min = SECONDS(1), .max = DAYS(1), .def = "1m", .help = "time between retention sweeps"},
     {.name = "batch", .type = OPT_UINT, .offset = offsetof(config, dedup.batch), .min = 1,
      .max = 100000, .def = "1000", .help = "rows deleted per statement (one commit each)"},
+    {.name = "cache", .type = OPT_UINT, .offset = offsetof(config, dedup.cache), .min = 0,
+     .max = 10000000, .def = "0",
+     .help = "keys this instance saw committed, remembered to settle their copies as deduped "
+             "without a transaction (0: off)"},
+    {.name = "cache_ttl", .type = OPT_DURATION, .offset = offsetof(config, dedup.cache_ttl_ms),
+     .min = SECONDS(1), .max = DAYS(1), .def = "10m",
+     .help = "how long a remembered key is trusted (below dedup.retention)"},
     {0},
 };
 
@@ -244,7 +251,7 @@ const opt config_top_table[] = {
      .parse = config_parse_consumers, .items = config_consumer_table, .items_path = "[].",
      .help = "a list of queues to consume, each with its handler"},
     {.name = "dedup", .type = OPT_SECTION, .section = dedup_table,
-     .help = "retention of msg_dedup rows"},
+     .help = "retention of msg_dedup rows, and the memory of keys seen committed"},
     {.name = "outbox", .type = OPT_SECTION, .section = outbox_table,
      .help = "the relay that publishes emitted messages after their commit"},
     {0},
@@ -286,6 +293,21 @@ void config_validate_batch(load_ctx *ctx, yaml_node_t *root, config *cfg)
                   "amqp.prefetch to at least %llu or lower mysql.batch to %u",
                   cfg->workers, cfg->batch, in_flight, cfg->prefetch, in_flight,
                   cfg->prefetch / cfg->workers ? cfg->prefetch / cfg->workers : 1);
+}
+
+void config_validate_dedup_cache(load_ctx *ctx, yaml_node_t *root, const struct config *cfg)
+{
+    /* A key remembered past its row's deletion would drop a copy the window no longer covers. */
+    if (cfg->dedup.cache == 0 || cfg->dedup.retention_ms == 0 ||
+        cfg->dedup.cache_ttl_ms < cfg->dedup.retention_ms)
+        return;
+    yaml_node_t *dedup = config_mapping_get(ctx, root, "dedup");
+    config_report(ctx, key_line(ctx, dedup, "cache_ttl"),
+                  "dedup.cache_ttl: %llu s is not below dedup.retention (%llu s): a key would be "
+                  "remembered after its msg_dedup row was deleted, and a copy arriving then "
+                  "dropped; lower dedup.cache_ttl",
+                  (unsigned long long)(cfg->dedup.cache_ttl_ms / 1000),
+                  (unsigned long long)(cfg->dedup.retention_ms / 1000));
 }
 
 void config_validate_amqp_tls(load_ctx *ctx, const config *cfg, yaml_node_t *root)

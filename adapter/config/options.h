@@ -26,6 +26,9 @@ void config_validate_amqp_tls(load_ctx *ctx, const struct config *cfg, yaml_node
  * workers (at least 1) instead. root is the document's top mapping (borrowed). */
 void config_validate_batch(load_ctx *ctx, yaml_node_t *root, struct config *cfg);
 
+/* dedup.cache_ttl must stay below dedup.retention when both are on. */
+void config_validate_dedup_cache(load_ctx *ctx, yaml_node_t *root, const struct config *cfg);
+
 /* Sets each consumer's may_emit and cfg->outbox_needed (a plugin may emit through host->emit). */
 void config_finish_outbox(load_ctx *ctx, yaml_node_t *root, struct config *cfg);
 

@@ -32,6 +32,7 @@ typedef struct consumer_metrics {
     int64_t held;
     uint64_t unpublishable;
     uint64_t cancelled_by_broker;
+    uint64_t seen_key_hits;
 } consumer_metrics;
 
 struct metrics {
@@ -142,6 +143,12 @@ void metrics_copy_unpublishable(metrics *m, size_t consumer)
 {
     if (consumer < m->cfg->consumer_count)
         m->consumers[consumer].unpublishable++;
+}
+
+void metrics_seen_key_hit(metrics *m, size_t consumer)
+{
+    if (consumer < m->cfg->consumer_count)
+        m->consumers[consumer].seen_key_hits++;
 }
 
 void metrics_consumer_cancelled(metrics *m, size_t consumer)
@@ -484,6 +491,11 @@ int metrics_render(const metrics *m, char **out, size_t *len)
                        "Consumers RabbitMQ cancelled (basic.cancel: a consumer timeout, the queue "
                        "deleted, its quorum member removed); idemq subscribed again.",
                        offsetof(consumer_metrics, cancelled_by_broker));
+    emit_queue_counter(&b, m, "idemq_dedup_cache_hits_total",
+                       "Deliveries settled as deduped from dedup.cache, without a transaction: "
+                       "their key was committed through this instance within dedup.cache_ttl "
+                       "(counted in idemq_messages_total{outcome=\"deduped\"} too).",
+                       offsetof(consumer_metrics, seen_key_hits));
     if (m->ready) {
         char reason[256];
         emit(&b, "# HELP idemq_ready Whether /readyz answers 200: connected to RabbitMQ and "

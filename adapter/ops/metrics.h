@@ -90,6 +90,8 @@ void metrics_held_add(metrics *m, size_t consumer, int delta);
 /* A blocked → true transition counts one idemq_broker_blocked_total. */
 void metrics_set_broker_blocked(metrics *m, bool blocked);
 void metrics_copy_unpublishable(metrics *m, size_t consumer);
+/* A delivery of consumer's queue settled as deduped from dedup.cache (run/seen_keys.h). */
+void metrics_seen_key_hit(metrics *m, size_t consumer);
 /* RabbitMQ cancelled the consumer of consumer's queue (basic.cancel). */
 void metrics_consumer_cancelled(metrics *m, size_t consumer);
 /* Entering METRICS_PAUSE_SCHEMA from another state counts one schema error. */

@@ -8,6 +8,7 @@
 
 #include "broker/topology.h"
 #include "ops/log.h"
+#include "util/monotonic.h"
 #include "util/wallclock.h"
 
 /* The copy's outcome line, written once the outcome is final (the broker confirmed the copy). */
@@ -121,6 +122,12 @@ void settle_applied(store_job *job)
 {
     delivery *d = delivery_of(job);
     settler *s = d->settler;
+    /* The database has just said the key is committed: its copies can skip it (seen_keys.h). */
+    if (s->seen && d->decoded &&
+        (job->status == APPLY_COMMITTED || job->status == APPLY_STATE_NOOP ||
+         job->status == APPLY_DUPLICATE))
+        seen_keys_remember(s->seen, d->consumer->handler_name, d->env.biz_key,
+                           (uint64_t)monotonic_ms());
     metrics_observe_handler(s->metrics, job->consumer_index, job->duration_ns);
     metrics_set_up(s->metrics, METRICS_DEP_MYSQL, job->status != APPLY_UNAVAILABLE);
     settle_delivery(s, d, job->status);

@@ -19,6 +19,7 @@
 #include "policy/outcome.h"
 #include "run/delivery.h"
 #include "run/outage.h"
+#include "run/seen_keys.h"
 #include "util/rng.h"
 
 typedef struct settler {
@@ -26,6 +27,7 @@ typedef struct settler {
     metrics *metrics;       /* borrowed */
     outage *outage;         /* borrowed: where unavailable deliveries are held */
     rng random;             /* the jitter of retry delays */
+    seen_keys *seen;        /* owned by the caller: dedup.cache, NULL when off */
     /* d (taken) is settled — acked, requeued or abandoned: release it. */
     void (*retire)(void *ctx, delivery *d);
     void *ctx;

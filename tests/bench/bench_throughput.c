@@ -26,6 +26,7 @@
  * window growing between them, as ratios to the first.
  * --flood P: instead, idemq on all-distinct messages and on P% duplicates, and the raw broker.
  * --instances 1,2,4: instead, idemq with that many processes on the one queue.
+ * --cache N: idemq runs with dedup.cache N (0, the default: off).
  * Needs IDEMQ_TEST_AMQP_URL and IDEMQ_TEST_MYSQL_URL (scripts/services start writes them to
  * .state/env); run via scripts/bench. Not a test: it measures, it asserts only correctness.
  */
@@ -63,6 +64,7 @@ static long long dedup_rows;  /* --dedup-rows: the dedup window preloaded before
 static long long windows[MAX_WINDOWS]; /* --dedup-rows A,B,…: the window mode's sizes */
 static int window_count;
 static int flood_percent; /* --flood P: the duplicate flood's share of duplicates */
+static int dedup_cache;   /* --cache N: idemq's dedup.cache */
 static int instance_counts[MAX_WINDOWS]; /* --instances A,B,…: idemq processes on one queue */
 static int instance_rows;
 static int shapes;
@@ -328,14 +330,14 @@ static void write_config(int run_batch, bool emit)
     snprintf(listen, sizeof listen, "127.0.0.1:%d", http_port);
     fprintf(f,
             "amqp: {url: \"%s\", prefetch: %d}\nmysql: {url: \"%s\", workers: %d, batch: %d%s}\n"
-            "log: {level: %s}\nhttp: {listen: \"%s\"}\n"
+            "log: {level: %s}\nhttp: {listen: \"%s\"}\ndedup: {cache: %d}\n"
             "consumers:\n  - queue: " QUEUE_IDEMQ "\n    handler_name: pay-callback\n"
             "    handler:\n      type: state_machine\n      table: orders\n"
             "      key_column: order_id\n      key_field: order_id\n      state_column: status\n"
             "      event_field: event_type\n      transitions:\n%s"
             "      set: {amount: amount}\n",
             getenv("IDEMQ_TEST_AMQP_URL"), prefetch, url, workers, run_batch, linger,
-            getenv("IDEMQ_BENCH_LOG") ? "debug" : "warn", listen,
+            getenv("IDEMQ_BENCH_LOG") ? "debug" : "warn", listen, dedup_cache,
             emit ? emit_yaml : "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n");
     fclose(f);
 }
@@ -689,9 +691,9 @@ static int run_flood(void)
     bench_workload_init_duplicates(&storm, messages, flood_percent, 200);
     bench_workload_init_duplicates(&resend, messages, flood_percent, messages);
     printf("bench_throughput: %d messages, all distinct and %d%% duplicates (%d orders), %d DB "
-           "workers, prefetch %d, mysql.batch %d, %s, %ld cores\n",
-           messages, flood_percent, storm.orders, workers, prefetch, batch, server_name,
-           sysconf(_SC_NPROCESSORS_ONLN));
+           "workers, prefetch %d, mysql.batch %d, dedup.cache %d, %s, %ld cores\n",
+           messages, flood_percent, storm.orders, workers, prefetch, batch, dedup_cache,
+           server_name, sysconf(_SC_NPROCESSORS_ONLN));
     fflush(stdout);
     double broker[50], all_distinct[50], stormed[50], resent[50];
     for (int r = 0; r < runs; r++) {
@@ -756,7 +758,7 @@ static void usage(void)
 {
     die("usage", "bench_throughput [messages] [runs 1..50] [workers 1..64] [--batch N] "
                  "[--prefetch N] [--linger MS] [--shapes] [--no-emit] [--dedup-rows N[,N…]] "
-                 "[--flood PERCENT] [--instances N[,N…]]");
+                 "[--flood PERCENT] [--instances N[,N…]] [--cache N]");
 }
 
 int main(int argc, char **argv)
@@ -781,7 +783,9 @@ int main(int argc, char **argv)
                 instance_counts[instance_rows++] = (int)k;
                 end += *end == ',';
             }
-        } else if (!strcmp(argv[i], "--flood") && i + 1 < argc)
+        } else if (!strcmp(argv[i], "--cache") && i + 1 < argc)
+            dedup_cache = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--flood") && i + 1 < argc)
             flood_percent = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dedup-rows") && i + 1 < argc) {
             for (char *p = argv[++i], *end; *p && window_count < MAX_WINDOWS; p = end) {
@@ -808,7 +812,7 @@ int main(int argc, char **argv)
     if (messages < 100 || runs < 1 || runs > 50 || workers < 1 || workers > 64 || batch < 1 ||
         batch > CONFIG_MAX_BATCH || prefetch < 1 || prefetch > 65535 ||
         linger_ms > CONFIG_MAX_BATCH_LINGER_MS || dedup_rows < 0 || dedup_rows > 2000000000 ||
-        flood_percent < 0 || flood_percent > 95)
+        flood_percent < 0 || flood_percent > 95 || dedup_cache < 0 || dedup_cache > 10000000)
         usage();
     if ((long)workers * batch > prefetch)
         die("usage", "workers × batch must not exceed the prefetch (as idemq's config requires)");

@@ -1547,10 +1547,43 @@ Test(config, dedup_retention_defaults_values_and_errors)
         {'T', "dedup: {batch: 0}", "dedup.batch: must be between 1 and 100000, got 0"},
         {'T', "dedup: {batch: 100001}", "dedup.batch: must be between 1 and 100000, got 100001"},
         {'T', "dedup: {retain: 1d}",
-         "unknown key 'dedup.retain' (known keys in dedup: retention, interval, batch)"},
+         "unknown key 'dedup.retain' (known keys in dedup: retention, interval, batch, cache, "
+         "cache_ttl)"},
         {'T', "dedup: {bach: 10}", "unknown key 'dedup.bach' (did you mean 'dedup.batch'?)"},
         {'T', "dedup: 30d", "dedup: expected a mapping, got a string"},
         {'T', "dedup: {retention: 0}", NULL},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+Test(config, dedup_cache_defaults_values_and_errors)
+{
+    result r = load_slots(NULL, NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->dedup.cache, 0, "off unless asked for");
+    cr_assert_eq(r.cfg->dedup.cache_ttl_ms, 600000);
+    result_free(&r);
+
+    r = load_slots(NULL, NULL, "dedup: {cache: 100000, cache_ttl: 1h, retention: 7d}", NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->dedup.cache, 100000);
+    cr_assert_eq(r.cfg->dedup.cache_ttl_ms, 3600000);
+    result_free(&r);
+
+    static const slot_case cases[] = {
+        {'T', "dedup: {cache: 10000001}", "dedup.cache: must be between 0 and 10000000"},
+        {'T', "dedup: {cache: many}", "dedup.cache:"},
+        {'T', "dedup: {cache_ttl: 0}", "dedup.cache_ttl: must be between 1s and 1d, got 0"},
+        {'T', "dedup: {cache_ttl: 2d}", "dedup.cache_ttl: must be between 1s and 1d"},
+        /* A key remembered past its row's deletion would drop a copy the window lets through. */
+        {'T', "dedup: {cache: 10, cache_ttl: 1h, retention: 1h}",
+         "dedup.cache_ttl: 3600 s is not below dedup.retention (3600 s)"},
+        {'T', "dedup: {cache: 10, cache_ttl: 10m, retention: 60s}",
+         "dedup.cache_ttl: 600 s is not below dedup.retention (60 s)"},
+        /* The limit binds only while both are on. */
+        {'T', "dedup: {cache: 0, cache_ttl: 1h, retention: 60s}", NULL},
+        {'T', "dedup: {cache: 10, cache_ttl: 1d, retention: 0}", NULL},
+        {'T', "dedup: {cache: 10, cache_ttl: 59s, retention: 60s}", NULL},
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }
