@@ -406,6 +406,23 @@ static bool update_waits(harness *h, void *arg)
                           w->connection_id) == 1;
 }
 
+/* A connection as store_transaction_run leaves it when its handler runs: biz_key's dedup row
+ * inserted (its id in *row_id), the guard's savepoint set, the transaction open. */
+static MYSQL *open_attempt(const char *biz_key, uint64_t *row_id)
+{
+    MYSQL *db = harness_db_open(&H);
+    cr_assert(mysql_autocommit(db, 0) == 0);
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "INSERT INTO msg_dedup (biz_key, handler_name) VALUES ('%s', 'pay-callback')",
+             biz_key);
+    cr_assert(mysql_query(db, sql) == 0, "%s", mysql_error(db));
+    *row_id = mysql_insert_id(db);
+    cr_assert_gt(*row_id, 0);
+    cr_assert(mysql_query(db, "SAVEPOINT " TXN_GUARD_SAVEPOINT) == 0);
+    return db;
+}
+
 /* What a Galera node did in a full run: idemq's transaction on one node, a copy of its message
  * committed on another, whose write then aborted idemq's (a deadlock, 1213) and committed the
  * dedup row. The savepoint is gone because the server rolled back, not because the handler
@@ -418,14 +435,8 @@ Test(transaction_guard, a_deadlock_victim_whose_copy_committed_the_dedup_row_is_
     harness_insert_orders(&H, "g", 1, "PAYING");
     static const char biz_key[] = "order_id:g0:PAY";
 
-    /* idemq's side, as store_transaction_run leaves it when its handler runs. */
-    MYSQL *idemq_db = harness_db_open(&H);
-    cr_assert(mysql_autocommit(idemq_db, 0) == 0);
-    cr_assert(mysql_query(idemq_db, "INSERT INTO msg_dedup (biz_key, handler_name) VALUES "
-                                    "('order_id:g0:PAY', 'pay-callback')") == 0,
-              "%s", mysql_error(idemq_db));
-    uint64_t own_row_id = mysql_insert_id(idemq_db);
-    cr_assert(mysql_query(idemq_db, "SAVEPOINT " TXN_GUARD_SAVEPOINT) == 0);
+    uint64_t own_row_id;
+    MYSQL *idemq_db = open_attempt(biz_key, &own_row_id);
 
     /* The other side holds the order's row and has written more (the filler rows), so InnoDB
      * picks idemq's side as the deadlock's victim. */
@@ -485,14 +496,8 @@ Test(transaction_guard, an_attempts_own_dedup_row_committed_under_it_is_the_hand
 {
     setup("guard_own_commit", NULL);
     static const char biz_key[] = "order_id:g1:PAY";
-    MYSQL *idemq_db = harness_db_open(&H);
-    cr_assert(mysql_autocommit(idemq_db, 0) == 0);
-    cr_assert(mysql_query(idemq_db, "INSERT INTO msg_dedup (biz_key, handler_name) VALUES "
-                                    "('order_id:g1:PAY', 'pay-callback')") == 0,
-              "%s", mysql_error(idemq_db));
-    uint64_t own_row_id = mysql_insert_id(idemq_db);
-    cr_assert_gt(own_row_id, 0);
-    cr_assert(mysql_query(idemq_db, "SAVEPOINT " TXN_GUARD_SAVEPOINT) == 0);
+    uint64_t own_row_id;
+    MYSQL *idemq_db = open_attempt(biz_key, &own_row_id);
     cr_assert(mysql_query(idemq_db, "COMMIT") == 0); /* what a CALLed procedure's COMMIT does */
     cr_assert(mysql_query(idemq_db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) != 0);
 
