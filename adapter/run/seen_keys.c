@@ -118,10 +118,12 @@ void seen_keys_remember(seen_keys *k, const char *handler_name, const char *biz_
     if (!k || !compose(handler_name, biz_key, key, sizeof key, &len))
         return;
     uint64_t hash = hash_key(key, len);
+    /* Expired keys are the oldest ones: once they are gone, a key found is a live one. */
+    while (k->count > 0 && now_ms - k->ring[k->oldest].at_ms >= k->max_age_ms)
+        drop_oldest(k);
     if (find(k, key, len, hash))
         return;
-    while (k->count > 0 &&
-           (k->count == k->capacity || now_ms - k->ring[k->oldest].at_ms >= k->max_age_ms))
+    if (k->count == k->capacity)
         drop_oldest(k);
     char *copy = malloc(len);
     if (!copy)

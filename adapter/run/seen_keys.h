@@ -27,7 +27,7 @@ seen_keys *seen_keys_new(size_t capacity, uint64_t max_age_ms);
 void seen_keys_free(seen_keys *k);
 
 /* Remembers (handler_name, biz_key), both borrowed, at now_ms; the oldest key makes room when the
- * memory is full. A key already remembered keeps its first time. */
+ * memory is full. A key still trusted keeps its first time; an expired one is remembered anew. */
 void seen_keys_remember(seen_keys *k, const char *handler_name, const char *biz_key,
                         uint64_t now_ms);
 

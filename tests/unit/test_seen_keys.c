@@ -32,6 +32,10 @@ Test(seen_keys, a_key_is_trusted_for_max_age_and_not_after)
     seen_keys_remember(k, "pay", "order:2", 5000);
     seen_keys_remember(k, "pay", "order:2", 5900);
     cr_assert_not(seen_keys_contains(k, "pay", "order:2", 6000));
+    /* Once expired, the database's next answer makes it trusted again. */
+    seen_keys_remember(k, "pay", "order:2", 6100);
+    cr_assert(seen_keys_contains(k, "pay", "order:2", 7000));
+    cr_assert_eq(seen_keys_count(k), 1, "the expired entries went");
     seen_keys_free(k);
 }
 
