@@ -56,6 +56,7 @@
 #include "broker/nodes.h"
 #include "broker/topology.h"
 #include "envelope/envelope.h"
+#include "util/fnv1a.h"
 #include "util/wallclock.h"
 
 #define CONFIRM_TIMEOUT_S 30
@@ -127,10 +128,7 @@ static void describe(const amqp_message_t *m, const config *cfg, dead_letter *ou
         id.len <= MESSAGE_FAILURE_ID_MAX)
         snprintf(out->failure_id, sizeof out->failure_id, "%.*s", (int)id.len,
                  (const char *)id.bytes);
-    uint64_t hash = 0xcbf29ce484222325ULL; /* FNV-1a */
-    for (size_t i = 0; i < m->body.len; i++)
-        hash = (hash ^ ((const unsigned char *)m->body.bytes)[i]) * 0x100000001b3ULL;
-    out->body_hash = hash;
+    out->body_hash = fnv1a64(m->body.bytes, m->body.len);
 }
 
 static void format_time(int64_t ms, char *buf, size_t len)

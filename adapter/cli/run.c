@@ -149,8 +149,8 @@ static void continue_delivery(runner *r, delivery *d)
     }
     d->job.on_done = settle_applied;
     /* A copy of a key this instance saw committed needs no transaction, nor the database up. */
-    if (seen_keys_contains(r->settler.seen, d->consumer->handler_name, d->env.biz_key,
-                           (uint64_t)monotonic_ms())) {
+    if (r->seen && seen_keys_contains(r->seen, d->consumer->handler_name, d->env.biz_key,
+                                      (uint64_t)monotonic_ms())) {
         metrics_seen_key_hit(r->metrics, d->msg->consumer_index);
         settle_delivery(&r->settler, d, APPLY_DUPLICATE);
         return;

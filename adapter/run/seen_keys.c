@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/fnv1a.h"
+
 #define NO_ENTRY ((size_t)-1)
 
 typedef struct entry {
@@ -25,17 +27,6 @@ struct seen_keys {
     size_t bucket_count;
     uint64_t max_age_ms;
 };
-
-/* FNV-1a over the key: the buckets need spread, not secrecy (a collision costs one compare). */
-static uint64_t hash_key(const char *key, size_t len)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)key[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
 
 seen_keys *seen_keys_new(size_t capacity, uint64_t max_age_ms)
 {
@@ -117,7 +108,7 @@ void seen_keys_remember(seen_keys *k, const char *handler_name, const char *biz_
     size_t len;
     if (!k || !compose(handler_name, biz_key, key, sizeof key, &len))
         return;
-    uint64_t hash = hash_key(key, len);
+    uint64_t hash = fnv1a64(key, len);
     /* Expired keys are the oldest ones: once they are gone, a key found is a live one. */
     while (k->count > 0 && now_ms - k->ring[k->oldest].at_ms >= k->max_age_ms)
         drop_oldest(k);
@@ -144,7 +135,7 @@ bool seen_keys_contains(seen_keys *k, const char *handler_name, const char *biz_
     size_t len;
     if (!k || !compose(handler_name, biz_key, key, sizeof key, &len))
         return false;
-    const entry *e = find(k, key, len, hash_key(key, len));
+    const entry *e = find(k, key, len, fnv1a64(key, len));
     return e && now_ms - e->at_ms < k->max_age_ms;
 }
 
