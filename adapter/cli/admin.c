@@ -18,6 +18,7 @@
 #include "db/nodes.h"
 #include "db/prepare.h"
 #include "handlers/plugin_loader.h"
+#include "store/rotation.h"
 #include "store/schema.h"
 
 /* Prepares (never executes) each statement of a sql handler: the server resolves every table and
@@ -158,6 +159,13 @@ static int check_database(const config *cfg)
             if (schema_rc < 0)
                 rc = 1;
         }
+        if (rotation_layout_check(db, cfg->dedup.layout, cfg->dedup.retention_ms / 1000,
+                                  schema, sizeof schema) != 0) { /* wrong or unreadable */
+            fprintf(stderr, "mysql   FAIL %s\n", schema);
+            rc = 1;
+        } else {
+            printf("dedup   %s\n", schema);
+        }
         if (cfg->outbox_needed && store_outbox_schema_check(db, schema, sizeof schema) != 0) {
             /* A configured emit: would fail every message that takes it; a plugin only may call
              * host->emit, so its consumers are told, not stopped. */
@@ -231,7 +239,12 @@ int cli_check(const config *cfg)
     int rc = check_database(cfg);
     rc |= check_plugins(cfg);
     rc |= check_broker(cfg);
-    if (cfg->dedup.retention_ms)
+    if (cfg->dedup.retention_ms && cfg->dedup.layout == CONFIG_DEDUP_ROTATING)
+        printf("dedup   retention %llus: the tables rotate every %llus (checked every %llums)\n",
+               (unsigned long long)(cfg->dedup.retention_ms / 1000),
+               (unsigned long long)(cfg->dedup.retention_ms / 1000),
+               (unsigned long long)cfg->dedup.interval_ms);
+    else if (cfg->dedup.retention_ms)
         printf("dedup   retention %llus, swept every %llums, %u rows per batch\n",
                (unsigned long long)(cfg->dedup.retention_ms / 1000),
                (unsigned long long)cfg->dedup.interval_ms, cfg->dedup.batch);
@@ -251,7 +264,7 @@ int cli_migrate(const config *cfg)
         fprintf(stderr, "idemq migrate: %s\n", err);
         return 1;
     }
-    int rc = store_migrate(db, err, sizeof err);
+    int rc = store_migrate(db, cfg->dedup.layout, err, sizeof err);
     mysql_close(db);
     if (rc != 0) {
         fprintf(stderr, "idemq migrate: %s\n", err);

@@ -47,6 +47,7 @@
 #include "run/settle.h"
 #include "store/health.h"
 #include "store/retention.h"
+#include "store/rotation.h"
 #include "store/store.h"
 #include "util/monotonic.h"
 #include "util/rng.h"
@@ -635,7 +636,19 @@ static int check_database_at_start(const config *cfg)
     }
     log_info(LOG_NO_CONTEXT, "MySQL connection: %s (mysql.tls.mode %s)",
              db_describe_tls(db, tls, sizeof tls), db_tls_mode_name(dsn.tls.mode));
+    /* A layout that does not match the config would miss the duplicates in msg_dedup_previous
+     * (single) or fail every message (rotating before `idemq migrate`). */
+    int rc = rotation_layout_check(db, cfg->dedup.layout, cfg->dedup.retention_ms / 1000, err,
+                                   sizeof err);
     mysql_close(db);
+    if (rc < 0) {
+        log_error(LOG_NO_CONTEXT, "%s", err);
+        return EXIT_USAGE;
+    }
+    if (rc > 0)
+        log_warn(LOG_NO_CONTEXT, "MySQL at start: %s; the layout of msg_dedup is not checked", err);
+    else
+        log_info(LOG_NO_CONTEXT, "dedup %s", err);
     return 0;
 }
 

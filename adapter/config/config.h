@@ -186,7 +186,13 @@ typedef struct config_consumer {
 
 /* dedup: the retention job that deletes old msg_dedup rows (store/retention.h), and the memory
  * of keys this instance saw committed (run/seen_keys.h). */
+typedef enum config_dedup_layout {
+    CONFIG_DEDUP_SINGLE,   /* one msg_dedup, expired rows deleted in batches (store/retention.h) */
+    CONFIG_DEDUP_ROTATING, /* msg_dedup and msg_dedup_previous, rotated (store/rotation.h) */
+} config_dedup_layout;
+
 typedef struct config_dedup {
+    int layout;             /* config_dedup_layout; default single */
     uint64_t retention_ms;  /* 0 (default): rows are kept forever; else whole seconds, >= 1s */
     uint64_t interval_ms;   /* time between sweeps, 1s..1d, default 1m */
     unsigned batch;         /* rows per DELETE (one commit each), 1..100000, default 1000 */

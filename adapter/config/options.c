@@ -89,6 +89,8 @@ static int check_server_name(const char *text, char *err, size_t err_len)
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 
 static const char *const bool_names[] = {"false", "true", NULL};
+/* In config_dedup_layout's order. */
+static const char *const dedup_layout_names[] = {"single", "rotating", NULL};
 
 /* amqp.tls: offsets into config, like every section. */
 static const opt amqp_tls_table[] = {
@@ -197,8 +199,13 @@ static const opt dedup_table[] = {
     {.name = "retention", .type = OPT_DURATION, .flags = OPT_WHOLE_SECONDS,
      .offset = offsetof(config, dedup.retention_ms), .min = 0, .max = DAYS(3650), .def = "0",
      .help = "age after which msg_dedup rows are deleted; 0 keeps them forever"},
+    {.name = "layout", .type = OPT_ENUM, .offset = offsetof(config, dedup.layout),
+     .names = dedup_layout_names, .def = "single",
+     .help = "single: one table, expired rows deleted in batches; rotating: two tables, the "
+             "older one dropped whole each dedup.retention (store/rotation.h)"},
     {.name = "interval", .type = OPT_DURATION, .offset = offsetof(config, dedup.interval_ms),
-     .min = SECONDS(1), .max = DAYS(1), .def = "1m", .help = "time between retention sweeps"},
+     .min = SECONDS(1), .max = DAYS(1), .def = "1m",
+     .help = "time between retention sweeps (rotating: between checks for a rotation due)"},
     {.name = "batch", .type = OPT_UINT, .offset = offsetof(config, dedup.batch), .min = 1,
      .max = 100000, .def = "1000", .help = "rows deleted per statement (one commit each)"},
     {.name = "cache", .type = OPT_UINT, .offset = offsetof(config, dedup.cache), .min = 0,
@@ -297,6 +304,13 @@ void config_validate_batch(load_ctx *ctx, yaml_node_t *root, config *cfg)
 
 void config_validate_dedup_cache(load_ctx *ctx, yaml_node_t *root, const struct config *cfg)
 {
+    if (cfg->dedup.layout == CONFIG_DEDUP_ROTATING && cfg->dedup.retention_ms == 0) {
+        /* The retention is the rotating tables' period: without one nothing would rotate. */
+        yaml_node_t *dedup = config_mapping_get(ctx, root, "dedup");
+        config_report(ctx, key_line(ctx, dedup, "layout"),
+                      "dedup.layout: rotating needs dedup.retention (each table's period); set "
+                      "one, or use layout single to keep rows forever");
+    }
     /* A key remembered past its row's deletion would drop a copy the window no longer covers. */
     if (cfg->dedup.cache == 0 || cfg->dedup.retention_ms == 0 ||
         cfg->dedup.cache_ttl_ms < cfg->dedup.retention_ms)

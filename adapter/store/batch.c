@@ -22,6 +22,7 @@
 #include "handlers/handler.h"
 #include "outbox/writer.h"
 #include "ops/log.h"
+#include "store/rotation.h"
 #include "store/transaction.h"
 
 struct store_batch_state {
@@ -36,6 +37,7 @@ struct store_batch_state {
     db_bind_slot *slots;
     MYSQL_STMT *insert_returning[HANDLER_BATCH_SIZE_CLASSES];
     MYSQL_STMT *delete_rows[HANDLER_BATCH_SIZE_CLASSES];
+    MYSQL_STMT *previous_rows[HANDLER_BATCH_SIZE_CLASSES]; /* the rotating layout's lookup */
     size_t outbox_rows;       /* outbox rows inserted in the open transaction */
     unsigned int mysql_errno; /* why the batch as a whole failed */
     char error[STORE_ERROR_MAX];
@@ -74,7 +76,9 @@ void store_batch_state_disconnect(store_batch_state *b)
             mysql_stmt_close(b->insert_returning[c]);
         if (b->delete_rows[c])
             mysql_stmt_close(b->delete_rows[c]);
-        b->insert_returning[c] = b->delete_rows[c] = NULL;
+        if (b->previous_rows[c])
+            mysql_stmt_close(b->previous_rows[c]);
+        b->insert_returning[c] = b->delete_rows[c] = b->previous_rows[c] = NULL;
     }
 }
 
@@ -319,31 +323,82 @@ static apply_status insert_returning(store_session *s, store_batch_state *b, siz
     return APPLY_OK;
 }
 
+/* The rotating layout (store/rotation.h): looks the batch's keys up in msg_dedup_previous in
+ * one statement and moves the jobs it finds to the end of sorted, keeping the order of the rest.
+ * *live is how many are left to insert; the others are duplicates. */
+static apply_status drop_previous_keys(store_session *s, store_batch_state *b, size_t n,
+                                       const char *handler_name, size_t *live)
+{
+    size_t size, c = handler_batch_size_class(n, &size);
+    MYSQL_STMT *stmt = prepared(s, b, &b->previous_rows[c], rotation_previous_batch_head, "?",
+                                rotation_previous_batch_tail, size);
+    if (!stmt)
+        return abandon(s, db_error_classify(b->mysql_errno));
+    db_bind_text(&b->binds[0], &b->slots[0], handler_name);
+    for (size_t i = 0; i < size; i++)
+        db_bind_text(&b->binds[1 + i], &b->slots[1 + i],
+                     b->sorted[i < n ? i : n - 1]->env->biz_key);
+    if (mysql_stmt_bind_param(stmt, b->binds) || mysql_stmt_execute(stmt))
+        return statement_failed(s, b, "msg_dedup_previous lookup", stmt);
+    char key[130];
+    unsigned long key_len = 0;
+    MYSQL_BIND out;
+    memset(&out, 0, sizeof out);
+    out.buffer_type = MYSQL_TYPE_STRING;
+    out.buffer = key;
+    out.buffer_length = sizeof key - 1;
+    out.length = &key_len;
+    if (mysql_stmt_bind_result(stmt, &out) || mysql_stmt_store_result(stmt)) {
+        apply_status status = statement_failed(s, b, "msg_dedup_previous lookup", stmt);
+        db_stmt_discard_failed_result(stmt);
+        return status;
+    }
+    memset(b->inserted, 0, n); /* here: found in msg_dedup_previous */
+    while (mysql_stmt_fetch(stmt) == 0) {
+        key[key_len < sizeof key - 1 ? key_len : sizeof key - 1] = '\0';
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(b->sorted[i]->env->biz_key, key) == 0)
+                b->inserted[i] = 1; /* every copy of the key */
+    }
+    mysql_stmt_free_result(stmt);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!b->inserted[i])
+            b->sorted[kept++] = b->sorted[i];
+    *live = kept;
+    return APPLY_OK;
+}
+
 /* The dedup rows, in biz_key order: a fixed lock order, so that concurrent batches holding
  * copies of one message wait for each other instead of deadlocking. */
 static apply_status insert_dedup_rows(store_session *s, store_batch_state *b, store_job **jobs,
                                       size_t n, const char *handler_name)
 {
     sort_by_biz_key(b->sorted, jobs, n);
-    if (s->returning) {
-        apply_status status = insert_returning(s, b, n, handler_name);
+    for (size_t i = 0; i < n; i++)
+        jobs[i]->status = APPLY_DUPLICATE; /* until its row is inserted */
+    size_t live = n;
+    if (s->cfg->dedup.layout == CONFIG_DEDUP_ROTATING) {
+        apply_status status = drop_previous_keys(s, b, n, handler_name, &live);
+        if (status != APPLY_OK)
+            return status;
+    }
+    if (live > 0 && s->returning) {
+        apply_status status = insert_returning(s, b, live, handler_name);
         if (status != APPLY_OK)
             return status;
     } else {
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = 0; i < live; i++) {
             store_job *job = b->sorted[i];
-            apply_status status = store_transaction_insert_dedup(s, job, handler_name);
+            apply_status status = store_transaction_insert_dedup_row(s, job, handler_name);
             if (status != APPLY_OK && status != APPLY_DUPLICATE)
                 return job_failed(s, b, job, status);
             job->mysql_errno = 0; /* a duplicate's 1062 is not its error */
             b->inserted[i] = status == APPLY_OK;
         }
     }
-    for (size_t i = 0; i < n; i++)
-        if (!b->inserted[i])
-            b->sorted[i]->status = APPLY_DUPLICATE; /* read back into outcome below */
-        else
-            b->sorted[i]->status = APPLY_OK;
+    for (size_t i = 0; i < live; i++)
+        b->sorted[i]->status = b->inserted[i] ? APPLY_OK : APPLY_DUPLICATE;
     for (size_t i = 0; i < n; i++)
         b->outcome[i] = jobs[i]->status;
     return APPLY_OK;

@@ -20,6 +20,7 @@
 #include "db/dsn.h"
 #include "db/prepare.h"
 #include "ops/log.h"
+#include "store/rotation.h"
 #include "util/bgthread.h"
 
 #define RETENTION_WARN_BELOW_MS (3600 * 1000ULL)
@@ -142,6 +143,25 @@ out:
              deleted, window, batches, (double)(uv_hrtime() - started) / 1e6);
 }
 
+/* The rotating layout's turn: one rotation when the period is over (store/rotation.h). */
+static void rotate(retention *job)
+{
+    char err[768], report[1024];
+    if (ensure_ready(job, err, sizeof err) != 0) {
+        log_warn(LOG_NO_CONTEXT, "dedup rotation: %s", err);
+        return;
+    }
+    int rc = rotation_rotate_if_due(job->db, job->cfg->dedup.retention_ms / 1000, report,
+                                    sizeof report);
+    if (rc < 0) {
+        disconnect(job);
+        log_warn(LOG_NO_CONTEXT, "dedup rotation: %s; tried again in %.3g s", report,
+                 (double)job->cfg->dedup.interval_ms / 1000.0);
+    } else if (rc > 0) {
+        log_info(LOG_NO_CONTEXT, "dedup rotation: %s", report);
+    }
+}
+
 static void job_main(void *arg)
 {
     retention *job = arg;
@@ -149,7 +169,10 @@ static void job_main(void *arg)
 
     mysql_thread_init();
     for (bool running = true; running;) {
-        sweep(job);
+        if (job->cfg->dedup.layout == CONFIG_DEDUP_ROTATING)
+            rotate(job);
+        else
+            sweep(job);
         uv_mutex_lock(&job->thread.lock);
         running = bgthread_wait_until(&job->thread, uv_hrtime() + interval_ns);
         uv_mutex_unlock(&job->thread.lock);
@@ -188,9 +211,15 @@ int retention_start(const config *cfg, retention **out, char *err, size_t err_le
                  "dedup.retention is %s, under 1h: a redelivery or replay of a message older "
                  "than that is applied again",
                  window);
-    log_info(LOG_NO_CONTEXT,
-             "dedup retention on: rows older than %s are deleted every %.3g s, %u per batch",
-             window, (double)cfg->dedup.interval_ms / 1000.0, cfg->dedup.batch);
+    if (cfg->dedup.layout == CONFIG_DEDUP_ROTATING)
+        log_info(LOG_NO_CONTEXT,
+                 "dedup retention on, rotating: the tables rotate every %s (checked every "
+                 "%.3g s); a key is kept between one and two periods",
+                 window, (double)cfg->dedup.interval_ms / 1000.0);
+    else
+        log_info(LOG_NO_CONTEXT,
+                 "dedup retention on: rows older than %s are deleted every %.3g s, %u per batch",
+                 window, (double)cfg->dedup.interval_ms / 1000.0, cfg->dedup.batch);
     *out = job;
     return 0;
 }

@@ -13,6 +13,9 @@
  * error is logged as a warning and the next sweep reconnects. Several idemq instances may sweep
  * the same table: they just share the work.
  *
+ * With dedup.layout: rotating the same thread instead checks every dedup.interval whether the
+ * period is over and rotates the two tables (store/rotation.h); nothing is deleted row by row.
+ *
  * Choosing the window: longer than any redelivery (broker requeue after a crash, a lost ack),
  * DLQ replay or producer resend you want deduplicated. A redelivery of a message whose row was
  * already deleted is applied again. Below 1h a warning is logged at startup (tests use seconds).

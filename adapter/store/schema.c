@@ -9,6 +9,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "store/rotation.h"
+
 /* Kept identical to schemas/mysql/001_msg_dedup.sql (a unit test compares them). biz_key and
  * handler_name are VARBINARY: utf8mb4 collations are case-insensitive and pad trailing spaces,
  * which would make distinct keys (or handlers) collide and silently drop a business event as a
@@ -207,9 +209,9 @@ static int upgrade_outbox(MYSQL *db, bool *added, char *report, size_t report_le
     return 0;
 }
 
-int store_migrate(MYSQL *db, char *report, size_t report_len)
+int store_migrate(MYSQL *db, int dedup_layout, char *report, size_t report_len)
 {
-    char state[512];
+    char state[512], layout_note[512];
     if (mysql_query(db, store_dedup_ddl) != 0 || mysql_commit(db) != 0) {
         snprintf(report, report_len, "creating msg_dedup failed: %s (error %u)", mysql_error(db),
                  mysql_errno(db));
@@ -235,18 +237,23 @@ int store_migrate(MYSQL *db, char *report, size_t report_len)
         snprintf(report, report_len, "%s", state);
         return -1;
     }
-    if (rc == 0) {
-        snprintf(report, report_len, "msg_dedup is in place and current%s", outbox_note);
-        return 0;
-    }
-    if (mysql_query(db, handler_name_upgrade_sql) != 0) {
+    if (rc > 0 && mysql_query(db, handler_name_upgrade_sql) != 0) {
         snprintf(report, report_len, "upgrading msg_dedup.handler_name failed: %s (error %u)",
                  mysql_error(db), mysql_errno(db));
         return -1;
     }
-    snprintf(report, report_len,
-             "upgraded msg_dedup.handler_name to VARBINARY(64): handler names now compare byte "
-             "for byte (was: %s)%s",
-             state, outbox_note);
+    /* After the upgrade: msg_dedup_previous is made LIKE msg_dedup. */
+    if (rotation_migrate(db, dedup_layout, layout_note, sizeof layout_note) != 0) {
+        snprintf(report, report_len, "%s", layout_note);
+        return -1;
+    }
+    if (rc == 0)
+        snprintf(report, report_len, "msg_dedup is in place and current%s%s", outbox_note,
+                 layout_note);
+    else
+        snprintf(report, report_len,
+                 "upgraded msg_dedup.handler_name to VARBINARY(64): handler names now compare "
+                 "byte for byte (was: %s)%s%s",
+                 state, outbox_note, layout_note);
     return 0;
 }

@@ -11,9 +11,10 @@
 #include <mysql.h>
 #include <stddef.h>
 
-/* Creates msg_dedup and the outbox tables if missing and upgrades older layouts in place
- * (idempotent). Returns 0 with what it did in report, or -1 with the reason. */
-int store_migrate(MYSQL *db, char *report, size_t report_len);
+/* Creates msg_dedup and the outbox tables if missing, upgrades older layouts in place and
+ * converts msg_dedup to dedup_layout (config_dedup_layout; store/rotation.h) (idempotent).
+ * Returns 0 with what it did in report, or -1 with the reason. */
+int store_migrate(MYSQL *db, int dedup_layout, char *report, size_t report_len);
 
 /* Whether msg_dedup has the current layout: 0 current, 1 an older one that `idemq migrate`
  * upgrades (report says how it differs), -1 unreadable or missing (report says why). */

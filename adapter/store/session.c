@@ -14,6 +14,7 @@
 #include "handlers/handler.h"
 #include "outbox/writer.h"
 #include "store/batch.h"
+#include "store/rotation.h"
 
 static const char dedup_insert_sql[] =
     "INSERT INTO msg_dedup (biz_key, handler_name) VALUES (?, ?)";
@@ -68,6 +69,9 @@ void store_session_disconnect(store_session *s)
     if (s->dedup_insert)
         mysql_stmt_close(s->dedup_insert);
     s->dedup_insert = NULL;
+    if (s->dedup_previous)
+        mysql_stmt_close(s->dedup_previous);
+    s->dedup_previous = NULL;
     store_batch_state_disconnect(s->batch);
     if (s->outbox)
         outbox_writer_disconnect(s->outbox);
@@ -85,17 +89,25 @@ apply_status store_session_fail(store_session *s, store_job *job, const char *wh
 apply_status store_session_prepare_dedup_insert(store_session *s, store_job *job, bool fresh)
 {
     db_error error;
-    if (s->dedup_insert && !fresh)
+    bool rotating = s->cfg->dedup.layout == CONFIG_DEDUP_ROTATING;
+    if (s->dedup_insert && (s->dedup_previous || !rotating) && !fresh)
         return APPLY_OK;
     if (s->dedup_insert)
         mysql_stmt_close(s->dedup_insert);
-    s->dedup_insert = NULL;
+    if (s->dedup_previous)
+        mysql_stmt_close(s->dedup_previous);
+    s->dedup_insert = s->dedup_previous = NULL;
+    const char *what = "dedup insert";
     int rc = db_prepare(s->db, dedup_insert_sql, &s->dedup_insert, &error);
+    if (rc == 0 && rotating) {
+        what = "msg_dedup_previous lookup";
+        rc = db_prepare(s->db, rotation_previous_lookup_sql, &s->dedup_previous, &error);
+    }
     if (rc == 0)
         return APPLY_OK;
-    job->mysql_errno = db_error_format(job->error, sizeof job->error,
-                                       rc == -ENOMEM ? "dedup insert" : "prepare dedup insert",
-                                       &error);
+    char label[64];
+    snprintf(label, sizeof label, "%s%s", rc == -ENOMEM ? "" : "prepare ", what);
+    job->mysql_errno = db_error_format(job->error, sizeof job->error, label, &error);
     return db_error_classify(job->mysql_errno);
 }
 

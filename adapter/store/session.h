@@ -30,6 +30,7 @@ typedef struct store_session {
     const config *cfg;          /* borrowed, outlives the session */
     MYSQL *db;                  /* owned; NULL while disconnected */
     MYSQL_STMT *dedup_insert;   /* owned; prepared on first use */
+    MYSQL_STMT *dedup_previous; /* owned; the rotating layout's lookup (store/rotation.h) */
     void **handler_states;      /* owned array, one per consumer; each entry handler-owned */
     struct store_batch_state *batch; /* owned: store/batch.h's arrays and statements */
     bool returning;             /* the server has INSERT … RETURNING (MariaDB 10.5 and later;
@@ -55,8 +56,9 @@ int store_session_connect(store_session *s, const db_dsn *dsn, unsigned *error_n
 /* Releases every handler state, closes the dedup insert and the connection. */
 void store_session_disconnect(store_session *s);
 
-/* The dedup insert statement: prepared on first use, or again from scratch when fresh. Returns
- * APPLY_OK with it in s->dedup_insert, or the classified failure. */
+/* The dedup insert statement (and, in the rotating layout, the msg_dedup_previous lookup):
+ * prepared on first use, or again from scratch when fresh. Returns APPLY_OK with them in
+ * s->dedup_insert and s->dedup_previous, or the classified failure. */
 apply_status store_session_prepare_dedup_insert(store_session *s, store_job *job, bool fresh);
 
 /*

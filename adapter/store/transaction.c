@@ -19,6 +19,10 @@
 
 static const char dedup_lookup_sql[] =
     "SELECT id FROM msg_dedup WHERE biz_key = ? AND handler_name = ?";
+/* The rotating layout (store/rotation.h): a rotation may have moved the row since. */
+static const char dedup_lookup_rotating_sql[] =
+    "SELECT id FROM msg_dedup WHERE biz_key = ? AND handler_name = ? UNION ALL "
+    "SELECT id FROM msg_dedup_previous WHERE biz_key = ? AND handler_name = ?";
 
 
 /* Binds (biz_key, handler_name) as the two parameters of a dedup statement. */
@@ -29,8 +33,43 @@ static void bind_dedup_key(MYSQL_BIND params[2], db_bind_slot slots[2], const ch
     db_bind_text(&params[1], &slots[1], handler_name);
 }
 
+/* The rotating layout: whether the key is in msg_dedup_previous. APPLY_DUPLICATE, APPLY_OK (not
+ * there) or the classified failure. */
+static apply_status find_in_previous(store_session *s, store_job *job, MYSQL_BIND params[2])
+{
+    MYSQL_STMT *stmt = s->dedup_previous;
+    if (mysql_stmt_bind_param(stmt, params) || mysql_stmt_execute(stmt) ||
+        mysql_stmt_store_result(stmt)) {
+        job->mysql_errno = db_error_format_statement(job->error, sizeof job->error,
+                                                     "msg_dedup_previous lookup", stmt);
+        db_stmt_discard_failed_result(stmt);
+        return db_error_classify(job->mysql_errno);
+    }
+    bool found = mysql_stmt_num_rows(stmt) > 0;
+    mysql_stmt_free_result(stmt);
+    if (!found)
+        return APPLY_OK;
+    job->mysql_errno = 0;
+    return APPLY_DUPLICATE;
+}
+
 apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
                                             const char *handler_name)
+{
+    job->dedup_row_id = 0;
+    apply_status status = store_session_prepare_dedup_insert(s, job, false);
+    if (status != APPLY_OK)
+        return status;
+    MYSQL_BIND params[2];
+    db_bind_slot slots[2] = {{0}};
+    bind_dedup_key(params, slots, job->env->biz_key, handler_name);
+    if (s->dedup_previous && (status = find_in_previous(s, job, params)) != APPLY_OK)
+        return status;
+    return store_transaction_insert_dedup_row(s, job, handler_name);
+}
+
+apply_status store_transaction_insert_dedup_row(store_session *s, store_job *job,
+                                                const char *handler_name)
 {
     job->dedup_row_id = 0;
     apply_status status = store_session_prepare_dedup_insert(s, job, false);
@@ -66,16 +105,19 @@ static dedup_row_found find_dedup_row(store_session *s, const store_job *job,
                                       const char *handler_name)
 {
     MYSQL_STMT *stmt;
-    MYSQL_BIND params[2], result;
-    db_bind_slot slots[2] = {{0}};
+    MYSQL_BIND params[4], result;
+    db_bind_slot slots[4] = {{0}};
     db_error error;
     dedup_row_found found = DEDUP_ROW_UNKNOWN;
     unsigned long long id = 0;
-    int rc = db_prepare(s->db, dedup_lookup_sql, &stmt, &error);
+    bool rotating = s->cfg->dedup.layout == CONFIG_DEDUP_ROTATING;
+    int rc = db_prepare(s->db, rotating ? dedup_lookup_rotating_sql : dedup_lookup_sql, &stmt,
+                        &error);
     if (rc == -ENOMEM)
         return DEDUP_ROW_UNKNOWN;
     if (rc == 0) {
         bind_dedup_key(params, slots, job->env->biz_key, handler_name);
+        bind_dedup_key(params + 2, slots + 2, job->env->biz_key, handler_name);
         memset(&result, 0, sizeof result);
         result.buffer_type = MYSQL_TYPE_LONGLONG;
         result.buffer = &id;

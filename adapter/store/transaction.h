@@ -39,9 +39,14 @@ apply_status store_transaction_run(store_session *s, store_job *job);
 /* Inserts job's dedup row (biz_key, handler_name borrowed) in the open transaction:
  * APPLY_OK when inserted, APPLY_DUPLICATE, or the classified failure (job->error set). A
  * failed insert is undone by the server alone; the transaction goes on unless the failure says
- * otherwise (deadlock, lock wait timeout, connection). */
+ * otherwise (deadlock, lock wait timeout, connection). In the rotating layout a key found in
+ * msg_dedup_previous is APPLY_DUPLICATE before any insert (store/rotation.h). */
 apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
                                             const char *handler_name);
+
+/* The insert alone, for a caller that has looked msg_dedup_previous up itself (a batch). */
+apply_status store_transaction_insert_dedup_row(store_session *s, store_job *job,
+                                                const char *handler_name);
 
 /* Inserts the outbox rows s->outbox holds, in the open transaction: APPLY_OK with their
  * number in *inserted, or the classified failure (job->error set; the caller rolls back). */

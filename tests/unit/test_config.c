@@ -1547,11 +1547,34 @@ Test(config, dedup_retention_defaults_values_and_errors)
         {'T', "dedup: {batch: 0}", "dedup.batch: must be between 1 and 100000, got 0"},
         {'T', "dedup: {batch: 100001}", "dedup.batch: must be between 1 and 100000, got 100001"},
         {'T', "dedup: {retain: 1d}",
-         "unknown key 'dedup.retain' (known keys in dedup: retention, interval, batch, cache, "
-         "cache_ttl)"},
+         "unknown key 'dedup.retain' (known keys in dedup: retention, layout, interval, batch, "
+         "cache, cache_ttl)"},
         {'T', "dedup: {bach: 10}", "unknown key 'dedup.bach' (did you mean 'dedup.batch'?)"},
         {'T', "dedup: 30d", "dedup: expected a mapping, got a string"},
         {'T', "dedup: {retention: 0}", NULL},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+Test(config, dedup_layout_defaults_values_and_errors)
+{
+    result r = load_slots(NULL, NULL, NULL, NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->dedup.layout, CONFIG_DEDUP_SINGLE, "one table unless asked for");
+    result_free(&r);
+    r = load_slots(NULL, NULL, "dedup: {layout: rotating, retention: 7d}", NULL, NULL);
+    cr_assert_eq(r.rc, 0, "errors:\n%s", r.errs);
+    cr_assert_eq(r.cfg->dedup.layout, CONFIG_DEDUP_ROTATING);
+    result_free(&r);
+
+    static const slot_case cases[] = {
+        {'T', "dedup: {layout: partitioned, retention: 1d}",
+         "dedup.layout: 'partitioned' is not one of: single, rotating"},
+        /* The retention is the period of each table: without it nothing would ever rotate. */
+        {'T', "dedup: {layout: rotating}", "dedup.layout: rotating needs dedup.retention"},
+        {'T', "dedup: {layout: rotating, retention: 0}",
+         "dedup.layout: rotating needs dedup.retention"},
+        {'T', "dedup: {layout: single}", NULL},
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }

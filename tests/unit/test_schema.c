@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "store/rotation.h"
 #include "store/schema.h"
 
 /* Drops SQL comments, the trailing semicolon and folds white space. */
@@ -93,4 +94,22 @@ Test(schema, outbox_trace_upgrade_matches_the_published_file)
     cr_expect(strstr(ddl, "tracestate VARBINARY(512) NULL"), "a new outbox lacks tracestate");
     cr_expect(strstr(b, "ADD COLUMN traceparent VARBINARY(55) NULL"));
     cr_expect(strstr(b, "ADD COLUMN tracestate VARBINARY(512) NULL"));
+}
+
+/* The rotating layout's three statements, in the published file's order. */
+Test(schema, rotation_ddl_matches_the_published_file)
+{
+    FILE *f = fopen(IDEMQ_SOURCE_DIR "/schemas/mysql/005_dedup_rotation.sql", "r");
+    cr_assert(f, "schemas/mysql/005_dedup_rotation.sql is missing");
+    static char text[8192], a[8192], b[8192], all[8192];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    normalise(text, a, sizeof a);
+    snprintf(all, sizeof all, "%s;\n%s;\n%s;\n", rotation_previous_ddl, rotation_state_ddl,
+             rotation_state_row_sql);
+    normalise(all, b, sizeof b);
+    cr_expect_str_eq(a, b);
+    cr_expect(strstr(b, "msg_dedup_previous LIKE msg_dedup"),
+              "the previous table must have msg_dedup's unique key");
 }
