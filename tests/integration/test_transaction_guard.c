@@ -472,7 +472,8 @@ Test(transaction_guard, a_deadlock_victim_whose_copy_committed_the_dedup_row_is_
               "the deadlock left the savepoint");
     cr_assert_eq(dedup_rows("g0"), 1, "the copy's dedup row is committed");
 
-    store_session session = {.db = idemq_db};
+    static const config single_table = {0}; /* dedup.layout single */
+    store_session session = {.db = idemq_db, .cfg = &single_table};
     envelope env = {.biz_key = biz_key};
     /* Whatever the handler made of the rollback: its own failure (as an sql handler reports the
      * deadlock), or success (a plugin that swallowed it). */
@@ -501,7 +502,8 @@ Test(transaction_guard, an_attempts_own_dedup_row_committed_under_it_is_the_hand
     cr_assert(mysql_query(idemq_db, "COMMIT") == 0); /* what a CALLed procedure's COMMIT does */
     cr_assert(mysql_query(idemq_db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) != 0);
 
-    store_session session = {.db = idemq_db};
+    static const config single_table = {0}; /* dedup.layout single */
+    store_session session = {.db = idemq_db, .cfg = &single_table};
     envelope env = {.biz_key = biz_key};
     const apply_status reported[] = {APPLY_OK, APPLY_RETRYABLE};
     for (size_t i = 0; i < sizeof reported / sizeof reported[0]; i++) {
