@@ -170,8 +170,11 @@ int rotation_migrate(MYSQL *db, int layout, char *report, size_t report_len)
     if (t.previous && t.state)
         return 0;
     char rows[32];
-    if (scalar(db, "SELECT COUNT(*) FROM msg_dedup", "counting msg_dedup", rows, sizeof rows,
-               report, report_len) != 0 ||
+    /* The statistics' estimate: a COUNT(*) would read the whole table. */
+    if (scalar(db,
+               "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+               "AND TABLE_NAME = 'msg_dedup'",
+               "reading msg_dedup's size", rows, sizeof rows, report, report_len) != 0 ||
         run(db, rotation_previous_ddl, "creating msg_dedup_previous", report, report_len) != 0 ||
         run(db, rotation_state_ddl, "creating idemq_dedup_rotation", report, report_len) != 0 ||
         run(db, rotation_state_row_sql, "recording the rotation", report, report_len) != 0 ||
@@ -179,7 +182,7 @@ int rotation_migrate(MYSQL *db, int layout, char *report, size_t report_len)
         return -1;
     snprintf(report, report_len,
              "; converted msg_dedup to the rotating layout: created msg_dedup_previous (empty) "
-             "and idemq_dedup_rotation; msg_dedup's %s existing rows stay and expire with it two "
+             "and idemq_dedup_rotation; msg_dedup's rows (about %s) stay and expire with it two "
              "rotations from now",
              rows[0] ? rows : "0");
     return 0;
@@ -272,16 +275,17 @@ int rotation_rotate_if_due(MYSQL *db, uint64_t period_s, char *report, size_t re
 {
     char previous_at[64], sql[96];
     report[0] = '\0';
-    /* Left by a rotation that stopped after its rename: expired by construction. */
-    if (run(db, "DROP TABLE IF EXISTS msg_dedup_expired", "dropping msg_dedup_expired", report,
-            report_len) != 0)
-        return -1;
     int claimed = claim(db, period_s, previous_at, sizeof previous_at, report, report_len);
     if (claimed <= 0)
         return claimed;
     snprintf(sql, sizeof sql, "SET SESSION lock_wait_timeout = %d", ROTATION_LOCK_WAIT_S);
     uint64_t started = uv_hrtime();
+    /* Only once claimed: a DDL, even one that finds nothing, runs cluster-wide on Galera. A
+     * msg_dedup_expired is left by a rotation that stopped after its rename, expired by
+     * construction. */
     if (run(db, sql, "setting the lock wait", report, report_len) != 0 ||
+        run(db, "DROP TABLE IF EXISTS msg_dedup_expired", "dropping msg_dedup_expired", report,
+            report_len) != 0 ||
         swap_tables(db, report, report_len) != 0) {
         give_back(db, previous_at);
         return -1;
