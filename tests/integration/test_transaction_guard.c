@@ -518,3 +518,63 @@ Test(transaction_guard, an_attempts_own_dedup_row_committed_under_it_is_the_hand
     }
     mysql_close(idemq_db);
 }
+
+/* The rotating layout (store/rotation.h): a rotation between the attempt and the lookup moves
+ * the dedup row into msg_dedup_previous, where the lookup must still find it and tell whose it
+ * is by its id. The single layout's lookup, on the same tables, finds nothing: the contrast shows
+ * the second table is what is read. */
+static void rotate_tables(void)
+{
+    harness_sql(&H, "RENAME TABLE msg_dedup_previous TO msg_dedup_expired, msg_dedup TO "
+                    "msg_dedup_previous, msg_dedup_expired TO msg_dedup");
+}
+
+Test(transaction_guard, after_a_rotation_the_dedup_row_is_found_in_msg_dedup_previous)
+{
+    setup("guard_rotated", NULL);
+    harness_sql(&H, "CREATE TABLE msg_dedup_previous LIKE msg_dedup");
+    static const config single_table = {0};
+    static const config rotating = {.dedup = {.layout = CONFIG_DEDUP_ROTATING}};
+
+    /* The attempt's own row, committed by its handler, then rotated away. */
+    static const char own_key[] = "order_id:g2:PAY";
+    uint64_t own_row_id;
+    MYSQL *idemq_db = open_attempt(own_key, &own_row_id);
+    cr_assert(mysql_query(idemq_db, "COMMIT") == 0);
+    cr_assert(mysql_query(idemq_db, "RELEASE SAVEPOINT " TXN_GUARD_SAVEPOINT) != 0);
+    rotate_tables();
+    cr_assert_eq(harness_scalar(&H, "SELECT COUNT(*) FROM msg_dedup_previous WHERE biz_key = '%s'",
+                                own_key),
+                 1);
+    envelope own_env = {.biz_key = own_key};
+    store_session session = {.db = idemq_db, .cfg = &rotating};
+    store_job job = {.env = &own_env, .dedup_row_id = own_row_id};
+    bool committed = false;
+    apply_status status =
+        store_transaction_ended(&session, &job, "pay-callback", APPLY_OK, &committed);
+    cr_assert_eq(status, APPLY_NON_RETRYABLE, "got %d: %s", (int)status, job.error);
+    cr_assert(committed, "the handler's COMMIT in msg_dedup_previous was not found");
+    session.cfg = &single_table;
+    job = (store_job){.env = &own_env, .dedup_row_id = own_row_id};
+    status = store_transaction_ended(&session, &job, "pay-callback", APPLY_OK, &committed);
+    cr_assert_eq(status, APPLY_RETRYABLE, "the single layout's lookup reads msg_dedup only");
+
+    /* A copy's row (another id), committed after the server rolled the attempt back, then
+     * rotated away. */
+    static const char copy_key[] = "order_id:g3:PAY";
+    uint64_t attempt_row_id;
+    MYSQL *attempt_db = open_attempt(copy_key, &attempt_row_id);
+    cr_assert(mysql_query(attempt_db, "ROLLBACK") == 0); /* as the server's deadlock rollback */
+    harness_sql(&H, "INSERT INTO msg_dedup (biz_key, handler_name) VALUES ('%s', 'pay-callback')",
+                copy_key);
+    rotate_tables();
+    envelope copy_env = {.biz_key = copy_key};
+    store_session attempt = {.db = attempt_db, .cfg = &rotating};
+    store_job copy_job = {.env = &copy_env, .dedup_row_id = attempt_row_id};
+    status = store_transaction_ended(&attempt, &copy_job, "pay-callback", APPLY_RETRYABLE,
+                                     &committed);
+    cr_assert_eq(status, APPLY_DUPLICATE, "got %d: %s", (int)status, copy_job.error);
+    cr_assert_not(committed);
+    mysql_close(attempt_db);
+    mysql_close(idemq_db);
+}
