@@ -11,6 +11,8 @@
  *       hot rows (certification conflicts at COMMIT), a node killed: conflicts counted;
  *     the node idemq works on frozen (SIGSTOP): the other two go on as the primary component,
  *       idemq moves to them, and the frozen node, thawed, holds no write of its own;
+ *     two instances on two nodes with the rotating dedup layout, a rotation forced while the
+ *       workload flows (instead of a break), then the copies: one rotation, each event once;
  *   group_replication/ three MySQL 9.7 nodes, single primary, MySQL Router in front
  *     (IDEMQ_TEST_GR_URLS, IDEMQ_TEST_GR_ROUTER_URL): the primary killed, idemq connected
  *       through the Router, and separately through mysql.urls.
@@ -33,6 +35,7 @@
 
 #include "db/dsn.h"
 #include "harness.h"
+#include "store/rotation.h"
 
 #define EVENTS 5000
 #define DUPLICATES 1000
@@ -668,6 +671,86 @@ Test(galera, retention_chunks_stay_under_the_write_set_limit_while_events_flow)
     const char *logs[] = {F.h.log_path};
     /* msg_dedup now holds only the workload's rows. */
     assert_each_event_once(&F.h, survivor, logs, 1);
+    mysql_close(survivor);
+}
+
+/* The rotating layout (store/rotation.h) on a cluster: two instances on two nodes, a rotation
+ * forced while the workload flows (its RENAME runs in total order on every node, aborting the
+ * transactions that hold the tables), then the copies of the first events, whose keys are now in
+ * msg_dedup_previous. Exactly one instance rotates, and each event is applied once. */
+Test(galera, two_instances_on_two_nodes_across_a_rotation_apply_each_event_once)
+{
+    require_cluster("galera");
+    cluster c = cluster_from("IDEMQ_TEST_GALERA_URLS");
+    harness_server(c.urls[2]);
+    harness_fixture_init(&F, "galera_rotation", NULL);
+    harness_sql(&F.h, "%s", rotation_previous_ddl);
+    harness_sql(&F.h, "%s", rotation_state_ddl);
+    harness_sql(&F.h, "%s", rotation_state_row_sql);
+    /* A period of an hour: the one rotation of the run is the test's. */
+    harness_config_replace_line(&F.h, "log: ", "log: {level: info}");
+    FILE *f = fopen(F.h.config_path, "a");
+    cr_assert(f);
+    fprintf(f, "dedup: {layout: rotating, retention: 1h, interval: 1s}\n");
+    fclose(f);
+    const int first[] = {0, 2}, second[] = {1, 2};
+    use_nodes(&F.h, &c, first, 2, "");
+    harness_fixture_start(&F, "started consuming", 30000);
+    char second_log[400];
+    snprintf(second_log, sizeof second_log, "%s/second.log", F.h.dir);
+    start_second(&F.h, &c, second, 2, second_log);
+
+    static const char applied_sql[] =
+        "SELECT (SELECT COUNT(*) FROM msg_dedup) + (SELECT COUNT(*) FROM msg_dedup_previous)";
+    MYSQL *survivor = open_node(c.urls[2], F.h.database);
+    publish_workload(&F.h);
+    /* Early, so that the rotation (at the next check, within dedup.interval) usually falls
+     * while the rest flows: the log line below says whether it did. */
+    wait_node_scalar(survivor, applied_sql, EVENTS / 10, 120000);
+    cr_assert(mysql_query(survivor, "UPDATE idemq_dedup_rotation SET rotated_at = NOW(3) - "
+                                    "INTERVAL 2 HOUR") == 0,
+              "%s", mysql_error(survivor));
+    static const char rotated[] = "rotated the dedup tables";
+    int64_t deadline = harness_now_ms() + 60000;
+    while (harness_log_count_in(F.h.log_path, rotated) + harness_log_count_in(second_log, rotated) <
+               1 &&
+           harness_now_ms() < deadline) {
+        struct timespec ts = {0, 50 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    long long in_previous = node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup_previous");
+    publish_duplicates(&F.h);
+    cr_assert_eq(wait_node_scalar(survivor, applied_sql, EVENTS, 180000), EVENTS);
+    cr_assert(harness_wait_queue_depth(&F.h, F.h.queue, 0, 120000), "the work queue did not drain");
+
+    harness_stop_idemq(&F.daemon);
+    int rc = harness_stop(second_daemon, SIGTERM, 30000);
+    second_daemon = 0;
+    cr_expect_eq(rc, 0);
+    long rotations = harness_log_count_in(F.h.log_path, rotated) +
+                     harness_log_count_in(second_log, rotated);
+    cr_log_info("galera rotation: %lld of %d events applied at the rotation (in "
+                "msg_dedup_previous), %lld after it",
+                in_previous, EVENTS, node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup"));
+    cr_assert_eq(rotations, 1, "%ld rotations for one period due", rotations);
+    cr_assert_geq(in_previous, EVENTS / 10, "the rotation moved the applied keys");
+    cr_assert_eq(node_scalar(survivor, applied_sql), EVENTS, "one dedup row per event");
+    cr_assert_eq(node_scalar(survivor, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
+    long dead_letters = harness_queue_depth_of(&F.h, ".dlq");
+    const char *logs[] = {F.h.log_path, second_log};
+    if (dead_letters != 0)
+        log_dead_letters(&F.h, logs, 2);
+    cr_assert_eq(dead_letters, 0, "%ld messages were dead-lettered", dead_letters);
+    long processed = 0, deduped = 0, state_noop = 0;
+    for (size_t i = 0; i < 2; i++) {
+        processed += harness_summary_total(logs[i], "processed");
+        deduped += harness_summary_total(logs[i], "deduped");
+        state_noop += harness_summary_total(logs[i], "state_noop");
+    }
+    cr_assert_eq(state_noop, 0, "a copy was applied to an order already PAID");
+    cr_assert_eq(processed, EVENTS);
+    cr_assert_eq(processed + deduped, EVENTS + DUPLICATES, "processed %ld + deduped %ld",
+                 processed, deduped);
     mysql_close(survivor);
 }
 
