@@ -324,8 +324,8 @@ static apply_status insert_returning(store_session *s, store_batch_state *b, siz
 }
 
 /* The rotating layout (store/rotation.h): looks the batch's keys up in msg_dedup_previous in
- * one statement and moves the jobs it finds to the end of sorted, keeping the order of the rest.
- * *live is how many are left to insert; the others are duplicates. */
+ * one statement and packs the jobs it does not find to the front of sorted, in their order:
+ * *live is how many; the caller marked every job a duplicate until its row is inserted. */
 static apply_status drop_previous_keys(store_session *s, store_batch_state *b, size_t n,
                                        const char *handler_name, size_t *live)
 {
