@@ -311,7 +311,8 @@ Test(rotation, migrate_converts_a_single_table_in_place)
         &F.h, "dedup: ", "dedup: {layout: rotating, retention: 1h, interval: 1s}");
     out = migrate_ok();
     cr_expect(strstr(out, "converted msg_dedup to the rotating layout"), "%s", out);
-    cr_expect(strstr(out, "msg_dedup's 5 existing rows stay"), "%s", out);
+    /* The size is the statistics' estimate (a COUNT(*) would read a large table whole). */
+    cr_expect(strstr(out, "msg_dedup's rows (about ") && strstr(out, ") stay"), "%s", out);
     free(out);
     cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key LIKE 'old%%'"),
                  5, "the existing rows stay in msg_dedup");
