@@ -878,21 +878,27 @@ static retention_run run_retention_case(int c)
     pid_t pid = spawn_idemq_command("migrate");
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         die("idemq migrate failed, see", log_path);
+    MYSQL *db = bench_db_connect(&dsn, RETENTION_DATABASE);
+    mysql_autocommit(db, 1);
+    static const char paid_sql[] = "SELECT COUNT(*) FROM orders WHERE status = 'PAID'";
     double start = now_s();
     pid = spawn_idemq();
     wait_settled(workload.count, 600);
-    r.rate = workload.count / (now_s() - start);
+    double end = now_s();
+    /* /metrics counts a retried message (a deadlock with a rotation's rename) when it is
+     * retried as well as when it is applied: the run ends when every order is paid. */
+    if (scalar(db, paid_sql) < workload.orders) {
+        wait_rows(db, paid_sql, workload.orders, 600);
+        end = now_s();
+    }
+    r.rate = workload.count / (end - start);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
     unlink(config_path);
-    MYSQL *db = bench_db_connect(&dsn, RETENTION_DATABASE);
     r.left = scalar(db, "SELECT COUNT(*) FROM msg_dedup");
     if (c == RETENTION_ROTATING)
         r.left_previous = scalar(db, "SELECT COUNT(*) FROM msg_dedup_previous");
-    long long paid = scalar(db, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'");
     mysql_close(db);
-    if (paid < workload.orders)
-        die("idemq", "fewer orders paid than events sent");
     read_retention_log(log_path, &r);
     if (r.warnings)
         fprintf(stderr, "bench: %s: %d warning(s) in %s (kept)\n", retention_cases[c].name,
