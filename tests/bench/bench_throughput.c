@@ -19,7 +19,8 @@
  * same biz_key) arriving up to ~200 messages later (bench_db.h).
  *
  * Usage: bench_throughput [messages=20000] [runs=1] [workers=4] [--batch N] [--prefetch N]
- *        [--linger MS] [--shapes] [--no-emit] [--dedup-rows N]
+ *        [--linger MS] [--shapes] [--no-emit] [--dedup-rows N] [--flood P] [--instances N,…]
+ *        [--cache N] [--retention]
  * --dedup-rows N: msg_dedup holds N rows of earlier traffic through every run (a retention
  * window; bench_db_preload_window), and the runs count only their own rows. A list (0,10000000,
  * 50000000) measures instead the batched database ceiling and idemq at each size in turn, the
@@ -27,6 +28,10 @@
  * --flood P: instead, idemq on all-distinct messages and on P% duplicates, and the raw broker.
  * --instances 1,2,4: instead, idemq with that many processes on the one queue.
  * --cache N: idemq runs with dedup.cache N (0, the default: off).
+ * --retention: instead, idemq at the batch with dedup retention off, with the single table's
+ * sweeper deleting rows all through the run, and with the rotating tables rotating every 3 s,
+ * round-robin, as medians and ratios to off; the deletes and rotations each run saw, from
+ * idemq's log (run_retention). Defaults there: 200000 messages, 5 runs.
  * Needs IDEMQ_TEST_AMQP_URL and IDEMQ_TEST_MYSQL_URL (scripts/services start writes them to
  * .state/env); run via scripts/bench. Not a test: it measures, it asserts only correctness.
  */
@@ -65,6 +70,7 @@ static long long windows[MAX_WINDOWS]; /* --dedup-rows A,B,…: the window mode'
 static int window_count;
 static int flood_percent; /* --flood P: the duplicate flood's share of duplicates */
 static int dedup_cache;   /* --cache N: idemq's dedup.cache */
+static bool retention;    /* --retention: idemq with the dedup window expiring, and without */
 static int instance_counts[MAX_WINDOWS]; /* --instances A,B,…: idemq processes on one queue */
 static int instance_rows;
 static int shapes;
@@ -315,45 +321,62 @@ static const char emit_yaml[] =
     "          emit: {name: order-paid, routing_key: " QUEUE_EMITTED ", fields: {order_id: "
     "order_id, amount: amount, event_type: {value: ORDER_PAID}}}\n";
 
+/* --retention: what the run's config adds to its dedup section, the file its idemq logs to at
+ * info (the retention and rotation report there), and the database and queue of its own; "",
+ * NULL and the bench's otherwise. */
+static const char *dedup_options = "";
+static const char *run_log;
+static const char *idemq_database = BENCH_DATABASE, *idemq_queue = QUEUE_IDEMQ;
+
 static void write_config(int run_batch, bool emit)
 {
     snprintf(config_path, sizeof config_path, "/tmp/idemq-bench-XXXXXX");
     int fd = mkstemp(config_path);
     FILE *f = fdopen(fd, "w");
     char url[2400], linger[64] = "";
-    snprintf(url, sizeof url, "mysql://%s%s%s@%s:%u/" BENCH_DATABASE "%s%s", dsn.user,
-             dsn.password[0] ? ":" : "", dsn.password, dsn.host, dsn.port,
-             dsn.socket[0] ? "?socket=" : "", dsn.socket);
+    snprintf(url, sizeof url, "mysql://%s%s%s@%s:%u/%s%s%s", dsn.user, dsn.password[0] ? ":" : "",
+             dsn.password, dsn.host, dsn.port, idemq_database, dsn.socket[0] ? "?socket=" : "",
+             dsn.socket);
     if (linger_ms >= 0)
         snprintf(linger, sizeof linger, ", batch_linger_ms: %d", linger_ms);
     char listen[32];
     snprintf(listen, sizeof listen, "127.0.0.1:%d", http_port);
     fprintf(f,
             "amqp: {url: \"%s\", prefetch: %d}\nmysql: {url: \"%s\", workers: %d, batch: %d%s}\n"
-            "log: {level: %s}\nhttp: {listen: \"%s\"}\ndedup: {cache: %d}\n"
-            "consumers:\n  - queue: " QUEUE_IDEMQ "\n    handler_name: pay-callback\n"
+            "log: {level: %s}\nhttp: {listen: \"%s\"}\ndedup: {cache: %d%s}\n"
+            "consumers:\n  - queue: %s\n    handler_name: pay-callback\n"
             "    handler:\n      type: state_machine\n      table: orders\n"
             "      key_column: order_id\n      key_field: order_id\n      state_column: status\n"
             "      event_field: event_type\n      transitions:\n%s"
             "      set: {amount: amount}\n",
             getenv("IDEMQ_TEST_AMQP_URL"), prefetch, url, workers, run_batch, linger,
-            getenv("IDEMQ_BENCH_LOG") ? "debug" : "warn", listen, dedup_cache,
+            run_log                     ? "info"
+            : getenv("IDEMQ_BENCH_LOG") ? "debug"
+                                        : "warn",
+            listen, dedup_cache, dedup_options, idemq_queue,
             emit ? emit_yaml : "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n");
     fclose(f);
 }
 
-static pid_t spawn_idemq(void)
+/* `idemq <command> -c config_path` (run, migrate), its output to the log. */
+static pid_t spawn_idemq_command(const char *command)
 {
     pid_t pid = fork();
     if (pid == 0) {
         /* IDEMQ_BENCH_LOG=FILE: idemq's debug log (each batch's size, …) appended to FILE. */
-        const char *log = getenv("IDEMQ_BENCH_LOG");
-        if (!freopen(log ? log : "/dev/null", log ? "a" : "w", stderr))
+        const char *log = run_log ? run_log : getenv("IDEMQ_BENCH_LOG");
+        if (!freopen(log ? log : "/dev/null", log ? "a" : "w", stderr) ||
+            (run_log && !freopen(run_log, "a", stdout)))
             _exit(126);
-        execl(IDEMQ_BENCH_BINARY, IDEMQ_BENCH_BINARY, "run", "-c", config_path, (char *)NULL);
+        execl(IDEMQ_BENCH_BINARY, IDEMQ_BENCH_BINARY, command, "-c", config_path, (char *)NULL);
         _exit(127);
     }
     return pid;
+}
+
+static pid_t spawn_idemq(void)
+{
+    return spawn_idemq_command("run");
 }
 
 /* Peak resident set of pid (VmHWM), in MiB. */
@@ -754,11 +777,196 @@ static int run_instances(void)
     return 0;
 }
 
+/* --retention: idemq at the batch while its dedup window expires, against the same run with
+ * retention off (the target: >= 0.9 of off). Three configurations, `runs` times each,
+ * round-robin (the order turning each repetition, so the machine's noise hits all three):
+ *   off       layout single, retention 0: nothing expires (the baseline);
+ *   single    rows older than RETENTION_S deleted every second in batches of 1000: from
+ *             RETENTION_S into the run on, the sweeper deletes as many rows a second as the run
+ *             inserts;
+ *   rotating  the two tables rotated every RETENTION_S (checked every second): a rotation every
+ *             RETENTION_S..RETENTION_S + 1 s, and from the first one on every key is also looked
+ *             up in a non-empty msg_dedup_previous.
+ * Each run starts from a fresh database that `idemq migrate` sets up in its layout right before
+ * idemq starts, so the first period starts with the measured part. The mode has a database and a
+ * queue of its own: another bench run on this machine (they share the others) cannot drop them
+ * or consume from them mid-run. The rate is run_idemq's, from
+ * spawn until /metrics counts every message settled (the dedup rows cannot tell: they expire).
+ * idemq logs at info to a file per run, in all three configurations alike (a line per message
+ * too); the retention's "deleted N msg_dedup rows" and the rotation's "rotated the dedup tables"
+ * lines are counted from it, with each rotation's rename and drop milliseconds. */
+#define RETENTION_S 3
+#define RETENTION_DATABASE "idemq_bench_retention"
+#define QUEUE_RETENTION "bench.retention"
+enum { RETENTION_OFF, RETENTION_SINGLE, RETENTION_ROTATING, RETENTION_CASES };
+static const struct {
+    const char *name, *dedup, *what;
+} retention_cases[RETENTION_CASES] = {
+    {"off", ", layout: single, retention: 0", "layout single, retention 0"},
+    {"single", ", layout: single, retention: 3s, interval: 1s, batch: 1000",
+     "layout single, rows older than 3 s deleted every 1 s, 1000 per batch"},
+    {"rotating", ", layout: rotating, retention: 3s, interval: 1s",
+     "layout rotating, period 3 s, checked every 1 s"},
+};
+_Static_assert(RETENTION_S == 3, "retention_cases spells out RETENTION_S");
+
+typedef struct retention_run {
+    double rate;
+    unsigned long long deleted; /* rows the sweeps logged deleting */
+    int sweeps;                 /* sweeps that deleted rows */
+    int rotations;
+    double rename_ms_max, drop_ms_max;
+    long long left, left_previous; /* rows in msg_dedup, msg_dedup_previous at the end */
+    int warnings;                  /* warn and error lines but the startup's "under 1h" */
+} retention_run;
+
+static void read_retention_log(const char *path, retention_run *r)
+{
+    static const char deleted[] = "dedup retention: deleted ", renamed[] = "took its place (",
+                      dropped[] = "the period before was ";
+    FILE *f = fopen(path, "r");
+    char line[8192], *p;
+    while (f && fgets(line, sizeof line, f)) {
+        if ((p = strstr(line, deleted))) {
+            unsigned long long n = strtoull(p + strlen(deleted), NULL, 10);
+            r->deleted += n;
+            r->sweeps += n > 0;
+        } else if (strstr(line, "dedup rotation: rotated the dedup tables")) {
+            r->rotations++;
+            double ms;
+            if ((p = strstr(line, renamed)) && (ms = atof(p + strlen(renamed))) > r->rename_ms_max)
+                r->rename_ms_max = ms;
+            if ((p = strstr(line, dropped)) && (p = strchr(p, '(')) &&
+                (ms = atof(p + 1)) > r->drop_ms_max)
+                r->drop_ms_max = ms;
+        }
+        if ((strstr(line, "\"level\":\"warn\"") || strstr(line, "\"level\":\"error\"")) &&
+            !strstr(line, "under 1h"))
+            r->warnings++;
+    }
+    if (f)
+        fclose(f);
+}
+
+/* A fresh RETENTION_DATABASE with the workload's orders in PAYING (bench_db_reset's orders;
+ * `idemq migrate` creates idemq's own tables in the run's layout). */
+static void retention_reset_db(void)
+{
+    MYSQL *db = bench_db_connect(&dsn, NULL);
+    bench_sql(db, "DROP DATABASE IF EXISTS " RETENTION_DATABASE);
+    bench_sql(db, "CREATE DATABASE " RETENTION_DATABASE);
+    bench_sql(db, "USE " RETENTION_DATABASE);
+    bench_sql(db, "CREATE TABLE orders (order_id VARCHAR(64) PRIMARY KEY, status VARCHAR(32) NOT "
+                  "NULL, amount BIGINT NULL) ENGINE=InnoDB");
+    bench_insert_orders(db, 'b', workload.orders);
+    mysql_close(db);
+}
+
+static retention_run run_retention_case(int c)
+{
+    retention_run r = {0};
+    char log_path[] = "/tmp/idemq-bench-log-XXXXXX";
+    int fd = mkstemp(log_path), status;
+    if (fd < 0)
+        die("log", "mkstemp failed");
+    close(fd);
+    retention_reset_db();
+    preload(QUEUE_RETENTION);
+    dedup_options = retention_cases[c].dedup;
+    run_log = log_path;
+    write_config(batch, false);
+    pid_t pid = spawn_idemq_command("migrate");
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        die("idemq migrate failed, see", log_path);
+    MYSQL *db = bench_db_connect(&dsn, RETENTION_DATABASE);
+    mysql_autocommit(db, 1);
+    static const char paid_sql[] = "SELECT COUNT(*) FROM orders WHERE status = 'PAID'";
+    double start = now_s();
+    pid = spawn_idemq();
+    wait_settled(workload.count, 600);
+    double end = now_s();
+    /* /metrics counts a retried message (a deadlock with a rotation's rename) when it is
+     * retried as well as when it is applied: the run ends when every order is paid. */
+    if (scalar(db, paid_sql) < workload.orders) {
+        wait_rows(db, paid_sql, workload.orders, 600);
+        end = now_s();
+    }
+    r.rate = workload.count / (end - start);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    unlink(config_path);
+    r.left = scalar(db, "SELECT COUNT(*) FROM msg_dedup");
+    if (c == RETENTION_ROTATING)
+        r.left_previous = scalar(db, "SELECT COUNT(*) FROM msg_dedup_previous");
+    mysql_close(db);
+    read_retention_log(log_path, &r);
+    if (r.warnings)
+        fprintf(stderr, "bench: %s: %d warning(s) in %s (kept)\n", retention_cases[c].name,
+                r.warnings, log_path);
+    else
+        unlink(log_path);
+    run_log = NULL;
+    dedup_options = "";
+    return r;
+}
+
+static int run_retention(void)
+{
+    printf("bench_throughput: %d payment events (%d orders, %d duplicates), %d DB workers, "
+           "prefetch %d, mysql.batch %d, %s, %ld cores; dedup retention off, single and "
+           "rotating, %d s, round-robin; idemq logs at info in all three\n",
+           workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
+           batch, server_name, sysconf(_SC_NPROCESSORS_ONLN), RETENTION_S);
+    fflush(stdout);
+    http_port = free_port();
+    idemq_database = RETENTION_DATABASE;
+    idemq_queue = QUEUE_RETENTION;
+    retention_run all[RETENTION_CASES][50];
+    for (int r = 0; r < runs; r++) {
+        for (int k = 0; k < RETENTION_CASES; k++) {
+            int c = (r + k) % RETENTION_CASES;
+            all[c][r] = run_retention_case(c);
+        }
+        retention_run *off = &all[RETENTION_OFF][r], *single = &all[RETENTION_SINGLE][r],
+                      *rot = &all[RETENTION_ROTATING][r];
+        printf(
+            "run %d: off %.0f msg/s, %lld rows left | single %.0f msg/s = %.2f × off, "
+            "%llu rows deleted in %d sweeps, %lld left of %d | rotating %.0f msg/s = %.2f × off, "
+            "%d rotations (rename <= %.1f ms, drop <= %.1f ms), %lld + %lld previous left\n",
+            r + 1, off->rate, off->left, single->rate, single->rate / off->rate, single->deleted,
+            single->sweeps, single->left, workload.orders, rot->rate, rot->rate / off->rate,
+            rot->rotations, rot->rename_ms_max, rot->drop_ms_max, rot->left, rot->left_previous);
+        fflush(stdout);
+    }
+    double rates[RETENTION_CASES][50], base = 0;
+    const char *m = runs > 1 ? "median " : "";
+    for (int c = 0; c < RETENTION_CASES; c++) {
+        for (int r = 0; r < runs; r++)
+            rates[c][r] = all[c][r].rate;
+        double rate = median(rates[c], runs);
+        if (c == RETENTION_OFF)
+            base = rate;
+        printf("idemq    retention %-8s %s%7.0f msg/s   %.2f × off%s   (%s)\n",
+               retention_cases[c].name, m, rate, rate / base,
+               c == RETENTION_OFF ? "" : " (target >= 0.9)", retention_cases[c].what);
+    }
+    MYSQL *admin = bench_db_connect(&dsn, NULL);
+    bench_sql(admin, "DROP DATABASE IF EXISTS " RETENTION_DATABASE);
+    mysql_close(admin);
+    amqp_connection_state_t conn = amqp_open(0, 0);
+    amqp_queue_delete(conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RETENTION), 0, 0);
+    amqp_get_rpc_reply(conn);
+    broker_close(conn);
+    bench_workload_free(&workload);
+    mysql_library_end();
+    return 0;
+}
+
 static void usage(void)
 {
     die("usage", "bench_throughput [messages] [runs 1..50] [workers 1..64] [--batch N] "
                  "[--prefetch N] [--linger MS] [--shapes] [--no-emit] [--dedup-rows N[,N…]] "
-                 "[--flood PERCENT] [--instances N[,N…]] [--cache N]");
+                 "[--flood PERCENT] [--instances N[,N…]] [--cache N] [--retention]");
 }
 
 int main(int argc, char **argv)
@@ -769,6 +977,8 @@ int main(int argc, char **argv)
             with_emit = false;
         else if (!strcmp(argv[i], "--shapes"))
             shapes = 1;
+        else if (!strcmp(argv[i], "--retention"))
+            retention = true;
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
             batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefetch") && i + 1 < argc)
@@ -809,6 +1019,14 @@ int main(int argc, char **argv)
         else
             usage();
     }
+    if (retention) {
+        /* Long enough that expiry overlaps most of the measured part (~200k take 8-12 s at
+         * batch 32 on 2 cores), and the medians of enough repetitions. */
+        if (positional < 1)
+            messages = 200000;
+        if (positional < 2)
+            runs = 5;
+    }
     if (messages < 100 || runs < 1 || runs > 50 || workers < 1 || workers > 64 || batch < 1 ||
         batch > CONFIG_MAX_BATCH || prefetch < 1 || prefetch > 65535 ||
         linger_ms > CONFIG_MAX_BATCH_LINGER_MS || dedup_rows < 0 || dedup_rows > 2000000000 ||
@@ -831,6 +1049,8 @@ int main(int argc, char **argv)
         return run_flood();
     if (instance_rows > 0)
         return run_instances();
+    if (retention)
+        return run_retention();
     if (dedup_rows > 0)
         bench_db_preload_window(&dsn, dedup_rows);
 
