@@ -405,7 +405,9 @@ static apply_status insert_dedup_rows(store_session *s, store_batch_state *b, st
 }
 
 /* Deletes the dedup rows of the messages that failed: inserted in this transaction and seen by
- * no other, so deleting one undoes its insert as a rollback would. */
+ * no other, so deleting one undoes its insert as a rollback would. The multi-table form only for
+ * its index hint: a msg_dedup just rotated into place has the statistics of an empty table, and
+ * the optimizer would scan (and lock) the whole table (store/rotation.c). */
 static apply_status delete_failed_rows(store_session *s, store_batch_state *b, store_job **jobs,
                                        size_t n, const char *handler_name)
 {
@@ -419,7 +421,9 @@ static apply_status delete_failed_rows(store_session *s, store_batch_state *b, s
     size_t size, c = handler_batch_size_class(failed, &size);
     MYSQL_STMT *stmt =
         prepared(s, b, &b->delete_rows[c],
-                 "DELETE FROM msg_dedup WHERE handler_name = ? AND biz_key IN (", "?", ")", size);
+                 "DELETE msg_dedup FROM msg_dedup FORCE INDEX (uk_biz_handler) WHERE "
+                 "handler_name = ? AND biz_key IN (",
+                 "?", ")", size);
     if (!stmt)
         return abandon(s, db_error_classify(b->mysql_errno));
     db_bind_text(&b->binds[0], &b->slots[0], handler_name);

@@ -15,22 +15,36 @@
 
 /* Kept identical to schemas/mysql/005_dedup_rotation.sql (a unit test compares them). */
 const char rotation_previous_ddl[] = "CREATE TABLE IF NOT EXISTS msg_dedup_previous LIKE msg_dedup";
-const char rotation_state_ddl[] =
-    "CREATE TABLE IF NOT EXISTS idemq_dedup_rotation (\n"
-    "  table_name VARBINARY(64) NOT NULL PRIMARY KEY,\n"
-    "  rotated_at DATETIME(3)   NOT NULL\n"
-    ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
+const char rotation_state_ddl[] = "CREATE TABLE IF NOT EXISTS idemq_dedup_rotation (\n"
+                                  "  table_name VARBINARY(64) NOT NULL PRIMARY KEY,\n"
+                                  "  rotated_at DATETIME(3)   NOT NULL\n"
+                                  ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
 const char rotation_state_row_sql[] =
     "INSERT IGNORE INTO idemq_dedup_rotation (table_name, rotated_at) VALUES ('msg_dedup', NOW(3))";
 
-/* LOCK IN SHARE MODE, not a plain read: a read in the transaction's snapshot could miss a row
- * committed before the last rotation if the snapshot was older (a transaction that reached here
- * after a ROLLBACK TO SAVEPOINT released its metadata locks). MariaDB 10.11 has no FOR SHARE. */
+/*
+ * The lookups of msg_dedup_previous, each idemq's first statement in a transaction:
+ * - LOCK IN SHARE MODE, not a plain read: a read in the transaction's snapshot could miss a row
+ *   committed before the last rotation if the snapshot was older (a transaction that reached
+ *   here after a ROLLBACK TO SAVEPOINT released its metadata locks). MariaDB 10.11 has no FOR
+ *   SHARE.
+ * - FORCE INDEX: a table whose statistics say it is empty is read whole instead of by the unique
+ *   key (MariaDB; the rotation also refreshes them, see swap_tables).
+ * - The subquery on msg_dedup, false without reading a row, takes that table's metadata lock in
+ *   the same statement. Taken one statement apart (previous here, msg_dedup at the insert), a
+ *   rename that holds msg_dedup and waits for msg_dedup_previous deadlocks with the transaction;
+ *   taken together by a transaction's first statement, the server backs off and waits for the
+ *   rename instead.
+ */
+#define PREVIOUS_LOOKUP_FROM "FROM msg_dedup_previous AS p FORCE INDEX (uk_biz_handler) "
+#define PREVIOUS_LOOKUP_LOCKS                                                                      \
+    " AND NOT EXISTS (SELECT 1 FROM msg_dedup WHERE 1 = 0) LOCK IN SHARE MODE"
 const char rotation_previous_lookup_sql[] =
-    "SELECT 1 FROM msg_dedup_previous WHERE biz_key = ? AND handler_name = ? LOCK IN SHARE MODE";
+    "SELECT 1 " PREVIOUS_LOOKUP_FROM
+    "WHERE p.biz_key = ? AND p.handler_name = ?" PREVIOUS_LOOKUP_LOCKS;
 const char rotation_previous_batch_head[] =
-    "SELECT biz_key FROM msg_dedup_previous WHERE handler_name = ? AND biz_key IN (";
-const char rotation_previous_batch_tail[] = ") LOCK IN SHARE MODE";
+    "SELECT p.biz_key " PREVIOUS_LOOKUP_FROM "WHERE p.handler_name = ? AND p.biz_key IN (";
+const char rotation_previous_batch_tail[] = ")" PREVIOUS_LOOKUP_LOCKS;
 
 /* A rename waits for every transaction on either table, and new ones queue behind it: a short
  * wait keeps a long transaction (a person's open session) from stalling the consumers; the
@@ -105,8 +119,7 @@ static const char fold_back_hint[] =
     "(biz_key, handler_name, created_at) SELECT biz_key, handler_name, created_at FROM "
     "msg_dedup_previous; DROP TABLE msg_dedup_previous, idemq_dedup_rotation";
 
-int rotation_layout_check(MYSQL *db, int layout, uint64_t period_s, char *report,
-                          size_t report_len)
+int rotation_layout_check(MYSQL *db, int layout, uint64_t period_s, char *report, size_t report_len)
 {
     layout_tables t;
     if (read_tables(db, &t, report, report_len) != 0)
@@ -134,8 +147,8 @@ int rotation_layout_check(MYSQL *db, int layout, uint64_t period_s, char *report
              "SELECT CONCAT(rotated_at, ', due to rotate at ', rotated_at + INTERVAL %" PRIu64
              " SECOND) FROM idemq_dedup_rotation WHERE table_name = 'msg_dedup'",
              period_s);
-    int rc = scalar(db, sql, "reading idemq_dedup_rotation", window, sizeof window, report,
-                    report_len);
+    int rc =
+        scalar(db, sql, "reading idemq_dedup_rotation", window, sizeof window, report, report_len);
     mysql_rollback(db);
     if (rc != 0)
         return 1;
@@ -190,8 +203,8 @@ int rotation_migrate(MYSQL *db, int layout, char *report, size_t report_len)
 
 /* Claims the rotation: moves rotated_at to now if msg_dedup has been current for period_s. 1
  * claimed (the old value in previous_at, to give the claim back), 0 not due, -1 failed. */
-static int claim(MYSQL *db, uint64_t period_s, char *previous_at, size_t previous_at_len,
-                 char *err, size_t err_len)
+static int claim(MYSQL *db, uint64_t period_s, char *previous_at, size_t previous_at_len, char *err,
+                 size_t err_len)
 {
     char sql[256], due[8];
     snprintf(sql, sizeof sql,
@@ -215,20 +228,22 @@ static int claim(MYSQL *db, uint64_t period_s, char *previous_at, size_t previou
         mysql_free_result(res);
     if (!found) {
         mysql_rollback(db);
-        snprintf(err, err_len, "idemq_dedup_rotation has no row for msg_dedup; run `idemq migrate`");
+        snprintf(err, err_len,
+                 "idemq_dedup_rotation has no row for msg_dedup; run `idemq migrate`");
         return -1;
     }
     if (strcmp(due, "1") != 0) {
         mysql_rollback(db);
         return 0;
     }
-    if (run(db, "UPDATE idemq_dedup_rotation SET rotated_at = NOW(3) WHERE table_name = "
-                "'msg_dedup'",
+    if (run(db,
+            "UPDATE idemq_dedup_rotation SET rotated_at = NOW(3) WHERE table_name = "
+            "'msg_dedup'",
             "claiming the rotation", err, err_len) != 0 ||
         mysql_commit(db) != 0) {
         if (!err[0])
-            snprintf(err, err_len, "claiming the rotation failed: %s (error %u)",
-                     mysql_error(db), mysql_errno(db));
+            snprintf(err, err_len, "claiming the rotation failed: %s (error %u)", mysql_error(db),
+                     mysql_errno(db));
         mysql_rollback(db);
         return -1;
     }
@@ -265,6 +280,12 @@ static int swap_tables(MYSQL *db, char *err, size_t err_len)
              strtoull(max_id, NULL, 10) + ROTATION_ID_GAP);
     if (run(db, sql, "setting msg_dedup_next's first id", err, err_len) != 0)
         return -1;
+    /* Statistics for msg_dedup as it is: a rename reloads the table with its stored ones, and
+     * those of a table created empty say "0 rows" until InnoDB's background refresh, which a
+     * short period may never see; MySQL then scans the whole unique index for every lookup,
+     * index hint or not. */
+    if (run(db, "ANALYZE TABLE msg_dedup", "analyzing msg_dedup", err, err_len) != 0)
+        return -1;
     return run(db,
                "RENAME TABLE msg_dedup_previous TO msg_dedup_expired, msg_dedup TO "
                "msg_dedup_previous, msg_dedup_next TO msg_dedup",
@@ -293,8 +314,9 @@ int rotation_rotate_if_due(MYSQL *db, uint64_t period_s, char *report, size_t re
     uint64_t renamed = uv_hrtime();
     /* The claim's time was a little before the rename: the period starts now. */
     char ignored[256];
-    if (run(db, "UPDATE idemq_dedup_rotation SET rotated_at = NOW(3) WHERE table_name = "
-                "'msg_dedup'",
+    if (run(db,
+            "UPDATE idemq_dedup_rotation SET rotated_at = NOW(3) WHERE table_name = "
+            "'msg_dedup'",
             "recording the rotation", ignored, sizeof ignored) == 0)
         mysql_commit(db);
     else

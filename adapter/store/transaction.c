@@ -19,10 +19,12 @@
 
 static const char dedup_lookup_sql[] =
     "SELECT id FROM msg_dedup WHERE biz_key = ? AND handler_name = ?";
-/* The rotating layout (store/rotation.h): a rotation may have moved the row since. */
+/* The rotating layout (store/rotation.h): a rotation may have moved the row since. FORCE INDEX:
+ * both tables may carry the statistics of their creation (rotation.c). */
 static const char dedup_lookup_rotating_sql[] =
-    "SELECT id FROM msg_dedup WHERE biz_key = ? AND handler_name = ? UNION ALL "
-    "SELECT id FROM msg_dedup_previous WHERE biz_key = ? AND handler_name = ?";
+    "SELECT id FROM msg_dedup FORCE INDEX (uk_biz_handler) WHERE biz_key = ? AND handler_name = ? "
+    "UNION ALL SELECT id FROM msg_dedup_previous FORCE INDEX (uk_biz_handler) WHERE biz_key = ? "
+    "AND handler_name = ?";
 
 
 /* Binds (biz_key, handler_name) as the two parameters of a dedup statement. */
