@@ -818,6 +818,7 @@ typedef struct retention_run {
     double rename_ms_max, drop_ms_max;
     long long left, left_previous; /* rows in msg_dedup, msg_dedup_previous at the end */
     int warnings;                  /* warn and error lines but the startup's "under 1h" */
+    int deadlocks; /* lines naming a deadlock: a batch run again alone, or a message retried */
 } retention_run;
 
 static void read_retention_log(const char *path, retention_run *r)
@@ -840,6 +841,7 @@ static void read_retention_log(const char *path, retention_run *r)
                 (ms = atof(p + 1)) > r->drop_ms_max)
                 r->drop_ms_max = ms;
         }
+        r->deadlocks += strstr(line, "Deadlock found") != NULL;
         if ((strstr(line, "\"level\":\"warn\"") || strstr(line, "\"level\":\"error\"")) &&
             !strstr(line, "under 1h"))
             r->warnings++;
@@ -932,10 +934,12 @@ static int run_retention(void)
         printf(
             "run %d: off %.0f msg/s, %lld rows left | single %.0f msg/s = %.2f × off, "
             "%llu rows deleted in %d sweeps, %lld left of %d | rotating %.0f msg/s = %.2f × off, "
-            "%d rotations (rename <= %.1f ms, drop <= %.1f ms), %lld + %lld previous left\n",
+            "%d rotations (rename <= %.1f ms, drop <= %.1f ms), %lld + %lld previous left; "
+            "deadlocks logged: off %d, single %d, rotating %d\n",
             r + 1, off->rate, off->left, single->rate, single->rate / off->rate, single->deleted,
             single->sweeps, single->left, workload.orders, rot->rate, rot->rate / off->rate,
-            rot->rotations, rot->rename_ms_max, rot->drop_ms_max, rot->left, rot->left_previous);
+            rot->rotations, rot->rename_ms_max, rot->drop_ms_max, rot->left, rot->left_previous,
+            off->deadlocks, single->deadlocks, rot->deadlocks);
         fflush(stdout);
     }
     double rates[RETENTION_CASES][50], base = 0;
