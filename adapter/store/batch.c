@@ -266,6 +266,40 @@ static MYSQL_STMT *prepared(store_session *s, store_batch_state *b, MYSQL_STMT *
     return *slot;
 }
 
+/* A statement's one result column: a biz_key. */
+typedef struct key_result {
+    char key[130];
+    unsigned long len;
+    MYSQL_BIND bind;
+} key_result;
+
+/* Binds stmt's (executed) biz_key column to k and stores the rows: APPLY_OK, or the batch's
+ * failure (what names the statement). */
+static apply_status store_keys(store_session *s, store_batch_state *b, MYSQL_STMT *stmt,
+                               const char *what, key_result *k)
+{
+    memset(k, 0, sizeof *k);
+    k->bind.buffer_type = MYSQL_TYPE_STRING;
+    k->bind.buffer = k->key;
+    k->bind.buffer_length = sizeof k->key - 1;
+    k->bind.length = &k->len;
+    if (mysql_stmt_bind_result(stmt, &k->bind) || mysql_stmt_store_result(stmt)) {
+        apply_status status = statement_failed(s, b, what, stmt);
+        db_stmt_discard_failed_result(stmt);
+        return status;
+    }
+    return APPLY_OK;
+}
+
+/* The next row's key, NUL-terminated, or NULL after the last. */
+static const char *next_key(MYSQL_STMT *stmt, key_result *k)
+{
+    if (mysql_stmt_fetch(stmt) != 0)
+        return NULL;
+    k->key[k->len < sizeof k->key - 1 ? k->len : sizeof k->key - 1] = '\0';
+    return k->key;
+}
+
 /* One INSERT IGNORE … RETURNING for the batch's dedup rows (MariaDB). Marks the jobs whose row
  * it inserted; the others are duplicates. */
 static apply_status insert_returning(store_session *s, store_batch_state *b, size_t n,
@@ -285,23 +319,13 @@ static apply_status insert_returning(store_session *s, store_batch_state *b, siz
     }
     if (mysql_stmt_bind_param(stmt, b->binds) || mysql_stmt_execute(stmt))
         return statement_failed(s, b, "dedup insert", stmt);
-    char key[130];
-    unsigned long key_len = 0;
-    MYSQL_BIND out;
-    memset(&out, 0, sizeof out);
-    out.buffer_type = MYSQL_TYPE_STRING;
-    out.buffer = key;
-    out.buffer_length = sizeof key - 1;
-    out.length = &key_len;
-    if (mysql_stmt_bind_result(stmt, &out) || mysql_stmt_store_result(stmt)) {
-        apply_status status = statement_failed(s, b, "dedup insert", stmt);
-        db_stmt_discard_failed_result(stmt);
+    key_result k;
+    apply_status status = store_keys(s, b, stmt, "dedup insert", &k);
+    if (status != APPLY_OK)
         return status;
-    }
     size_t inserted = 0;
     memset(b->inserted, 0, n);
-    while (mysql_stmt_fetch(stmt) == 0) {
-        key[key_len < sizeof key - 1 ? key_len : sizeof key - 1] = '\0';
+    for (const char *key; (key = next_key(stmt, &k)) != NULL;) {
         /* Rows come back in VALUES order, so the first copy of a key is the one inserted. */
         for (size_t i = 0; i < n; i++)
             if (!b->inserted[i] && strcmp(b->sorted[i]->env->biz_key, key) == 0) {
@@ -340,22 +364,12 @@ static apply_status drop_previous_keys(store_session *s, store_batch_state *b, s
                      b->sorted[i < n ? i : n - 1]->env->biz_key);
     if (mysql_stmt_bind_param(stmt, b->binds) || mysql_stmt_execute(stmt))
         return statement_failed(s, b, "msg_dedup_previous lookup", stmt);
-    char key[130];
-    unsigned long key_len = 0;
-    MYSQL_BIND out;
-    memset(&out, 0, sizeof out);
-    out.buffer_type = MYSQL_TYPE_STRING;
-    out.buffer = key;
-    out.buffer_length = sizeof key - 1;
-    out.length = &key_len;
-    if (mysql_stmt_bind_result(stmt, &out) || mysql_stmt_store_result(stmt)) {
-        apply_status status = statement_failed(s, b, "msg_dedup_previous lookup", stmt);
-        db_stmt_discard_failed_result(stmt);
+    key_result k;
+    apply_status status = store_keys(s, b, stmt, "msg_dedup_previous lookup", &k);
+    if (status != APPLY_OK)
         return status;
-    }
     memset(b->inserted, 0, n); /* here: found in msg_dedup_previous */
-    while (mysql_stmt_fetch(stmt) == 0) {
-        key[key_len < sizeof key - 1 ? key_len : sizeof key - 1] = '\0';
+    for (const char *key; (key = next_key(stmt, &k)) != NULL;) {
         for (size_t i = 0; i < n; i++)
             if (strcmp(b->sorted[i]->env->biz_key, key) == 0)
                 b->inserted[i] = 1; /* every copy of the key */

@@ -55,31 +55,9 @@ static apply_status find_in_previous(store_session *s, store_job *job, MYSQL_BIN
     return APPLY_DUPLICATE;
 }
 
-apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
-                                            const char *handler_name)
+/* The INSERT of the prepared statement with params bound to job's key. */
+static apply_status insert_row(store_session *s, store_job *job, MYSQL_BIND params[2])
 {
-    job->dedup_row_id = 0;
-    apply_status status = store_session_prepare_dedup_insert(s, job, false);
-    if (status != APPLY_OK)
-        return status;
-    MYSQL_BIND params[2];
-    db_bind_slot slots[2] = {{0}};
-    bind_dedup_key(params, slots, job->env->biz_key, handler_name);
-    if (s->dedup_previous && (status = find_in_previous(s, job, params)) != APPLY_OK)
-        return status;
-    return store_transaction_insert_dedup_row(s, job, handler_name);
-}
-
-apply_status store_transaction_insert_dedup_row(store_session *s, store_job *job,
-                                                const char *handler_name)
-{
-    job->dedup_row_id = 0;
-    apply_status status = store_session_prepare_dedup_insert(s, job, false);
-    if (status != APPLY_OK)
-        return status;
-    MYSQL_BIND params[2];
-    db_bind_slot slots[2] = {{0}};
-    bind_dedup_key(params, slots, job->env->biz_key, handler_name);
     if (mysql_stmt_bind_param(s->dedup_insert, params) || mysql_stmt_execute(s->dedup_insert)) {
         job->mysql_errno = mysql_stmt_errno(s->dedup_insert);
         if (job->mysql_errno == ER_DUP_ENTRY)
@@ -90,6 +68,36 @@ apply_status store_transaction_insert_dedup_row(store_session *s, store_job *job
     }
     job->dedup_row_id = mysql_stmt_insert_id(s->dedup_insert);
     return APPLY_OK;
+}
+
+/* Both entries below: prepares, binds job's key, then the lookup (when look_previous and the
+ * layout has one) and the insert. */
+static apply_status insert_dedup(store_session *s, store_job *job, const char *handler_name,
+                                 bool look_previous)
+{
+    job->dedup_row_id = 0;
+    apply_status status = store_session_prepare_dedup_insert(s, job, false);
+    if (status != APPLY_OK)
+        return status;
+    MYSQL_BIND params[2];
+    db_bind_slot slots[2] = {{0}};
+    bind_dedup_key(params, slots, job->env->biz_key, handler_name);
+    if (look_previous && s->dedup_previous &&
+        (status = find_in_previous(s, job, params)) != APPLY_OK)
+        return status;
+    return insert_row(s, job, params);
+}
+
+apply_status store_transaction_insert_dedup(store_session *s, store_job *job,
+                                            const char *handler_name)
+{
+    return insert_dedup(s, job, handler_name, true);
+}
+
+apply_status store_transaction_insert_dedup_row(store_session *s, store_job *job,
+                                                const char *handler_name)
+{
+    return insert_dedup(s, job, handler_name, false);
 }
 
 typedef enum dedup_row_found {

@@ -325,6 +325,17 @@ static void start_second(harness *h, const cluster *c, const int *order, size_t 
     cr_assert(harness_wait_log_in(log_path, "started consuming", 1, 30000));
 }
 
+/* The fixture's idemq on node 1 and a second one (logging to second_log) on node 2, each with
+ * node 3 as its fallback. */
+static void start_two_on_two_nodes(const cluster *c, char *second_log, size_t second_log_len)
+{
+    const int first[] = {0, 2}, second[] = {1, 2};
+    use_nodes(&F.h, c, first, 2, "");
+    harness_fixture_start(&F, "started consuming", 30000);
+    snprintf(second_log, second_log_len, "%s/second.log", F.h.dir);
+    start_second(&F.h, c, second, 2, second_log);
+}
+
 /* --------------------------------------------------------------------------------- Galera */
 
 Test(galera, the_node_idemq_works_on_killed_midrun_applies_each_event_once)
@@ -385,12 +396,8 @@ Test(galera, two_instances_on_two_nodes_with_hot_rows_and_a_node_killed_apply_ea
     harness_sql(&F.h, "CREATE TABLE hot (id INT PRIMARY KEY, n BIGINT NOT NULL, total BIGINT NOT "
                       "NULL) ENGINE=InnoDB");
     harness_sql(&F.h, "INSERT INTO hot VALUES (0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0)");
-    const int first[] = {0, 2}, second[] = {1, 2};
-    use_nodes(&F.h, &c, first, 2, "");
-    harness_fixture_start(&F, "started consuming", 30000);
     char second_log[400];
-    snprintf(second_log, sizeof second_log, "%s/second.log", F.h.dir);
-    start_second(&F.h, &c, second, 2, second_log);
+    start_two_on_two_nodes(&c, second_log, sizeof second_log);
 
     MYSQL *survivor = open_node(c.urls[2], F.h.database);
     /* Node 1 is the first instance's. */
@@ -553,12 +560,8 @@ Test(galera, two_relays_on_two_nodes_and_the_lease_holders_node_killed_publish_e
     harness_fixture_init(&F, "galera_outbox", &o);
     amqp_queue_declare(F.h.amqp, 1, amqp_cstring_bytes(downstream), 0, 0, 0, 1, amqp_empty_table);
     cr_assert(amqp_get_rpc_reply(F.h.amqp).reply_type == AMQP_RESPONSE_NORMAL);
-    const int first[] = {0, 2}, second[] = {1, 2};
-    use_nodes(&F.h, &c, first, 2, "");
-    harness_fixture_start(&F, "started consuming", 30000);
     char second_log[400];
-    snprintf(second_log, sizeof second_log, "%s/second.log", F.h.dir);
-    start_second(&F.h, &c, second, 2, second_log);
+    start_two_on_two_nodes(&c, second_log, sizeof second_log);
 
     MYSQL *survivor = open_node(c.urls[2], F.h.database);
     publish_workload(&F.h);
@@ -693,12 +696,8 @@ Test(galera, two_instances_on_two_nodes_across_a_rotation_apply_each_event_once)
     cr_assert(f);
     fprintf(f, "dedup: {layout: rotating, retention: 1h, interval: 1s}\n");
     fclose(f);
-    const int first[] = {0, 2}, second[] = {1, 2};
-    use_nodes(&F.h, &c, first, 2, "");
-    harness_fixture_start(&F, "started consuming", 30000);
     char second_log[400];
-    snprintf(second_log, sizeof second_log, "%s/second.log", F.h.dir);
-    start_second(&F.h, &c, second, 2, second_log);
+    start_two_on_two_nodes(&c, second_log, sizeof second_log);
 
     static const char applied_sql[] =
         "SELECT (SELECT COUNT(*) FROM msg_dedup) + (SELECT COUNT(*) FROM msg_dedup_previous)";
