@@ -119,19 +119,24 @@ static const char fold_back_hint[] =
     "(biz_key, handler_name, created_at) SELECT biz_key, handler_name, created_at FROM "
     "msg_dedup_previous; DROP TABLE msg_dedup_previous, idemq_dedup_rotation";
 
+/* The refusal of a single layout over a database that has msg_dedup_previous. -1. */
+static int single_over_rotating(char *report, size_t report_len)
+{
+    snprintf(report, report_len,
+             "msg_dedup_previous exists (the rotating layout) but dedup.layout is single: its "
+             "keys would not count as duplicates; %s",
+             fold_back_hint);
+    return -1;
+}
+
 int rotation_layout_check(MYSQL *db, int layout, uint64_t period_s, char *report, size_t report_len)
 {
     layout_tables t;
     if (read_tables(db, &t, report, report_len) != 0)
         return 1;
     if (layout != CONFIG_DEDUP_ROTATING) {
-        if (t.previous) {
-            snprintf(report, report_len,
-                     "msg_dedup_previous exists (the rotating layout) but dedup.layout is single: "
-                     "its keys would not count as duplicates; %s",
-                     fold_back_hint);
-            return -1;
-        }
+        if (t.previous)
+            return single_over_rotating(report, report_len);
         snprintf(report, report_len, "layout single: msg_dedup, expired rows deleted in batches");
         return 0;
     }
@@ -171,14 +176,7 @@ int rotation_migrate(MYSQL *db, int layout, char *report, size_t report_len)
     if (read_tables(db, &t, report, report_len) != 0)
         return -1;
     if (layout != CONFIG_DEDUP_ROTATING) {
-        if (t.previous) {
-            snprintf(report, report_len,
-                     "msg_dedup_previous exists (the rotating layout) but dedup.layout is "
-                     "single; %s",
-                     fold_back_hint);
-            return -1;
-        }
-        return 0;
+        return t.previous ? single_over_rotating(report, report_len) : 0;
     }
     if (t.previous && t.state)
         return 0;
