@@ -28,6 +28,8 @@
 
 #include <msgpack.h>
 
+#include "util/utf8.h"
+
 /* msgpack-c parses with a fixed stack of MSGPACK_EMBED_STACK_SIZE (32) containers, compiled into
  * the library; deeper input fails as "out of memory". mp_scan rejects it first as too deep. */
 #define MSGPACK_NESTING_MAX 32
@@ -61,56 +63,6 @@ static int fail(decode_ctx *c, int code, const char *fmt, ...)
 static int fail_oom(decode_ctx *c)
 {
     return fail(c, ENVELOPE_E_TOO_LARGE, "out of memory while decoding the body");
-}
-
-/* Length (1..4) of the valid UTF-8 sequence at s, or 0 when it is truncated, overlong, a
- * surrogate or above U+10FFFF — the same rules jansson applies to JSON text. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t len;
-    uint32_t cp;
-
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf) {
-        len = 2;
-        cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-        len = 3;
-        cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = cp << 6 | (s[i] & 0x3f);
-    }
-    if (len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff)))
-        return 0;
-    if (len == 4 && (cp < 0x10000 || cp > 0x10ffff))
-        return 0;
-    return len;
-}
-
-/* Returns the offset of the first invalid byte, or n when s is valid UTF-8. */
-static size_t utf8_invalid_at(const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        size_t len = utf8_seq(p + i, n - i);
-        if (len == 0)
-            return i;
-        i += len;
-    }
-    return n;
 }
 
 /*

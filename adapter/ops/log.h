@@ -3,7 +3,7 @@
  *
  * Every line carries the message context (queue, biz_key, message_id, correlation_id,
  * traceparent with its trace_id and idemq's span_id, retries) when there is one, so an operator can grep a key across the retry ladder
- * and find a message whose body could not be read by the identifiers its producer set. Values are escaped by jansson; secrets are
+ * and find a message whose body could not be read by the identifiers its producer set. Values are escaped as jansson escapes them; secrets are
  * never passed in (URLs go through config_redact_url first). Thread affinity: any thread; each
  * line is written under the stdio lock (flockfile), so lines from workers never interleave.
  */
