@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -54,6 +55,10 @@ struct freeze_proxy {
     unsigned long requests; /* control calls so far */
     unsigned long applied;  /* control calls the thread has applied */
     int listen_rc;          /* result of the last re-listen */
+    bool scan_pending;      /* a held-bytes search waits for the thread */
+    unsigned char needle[64];
+    size_t needle_len;
+    bool scan_found;
     char listen_err[256];
     size_t open;
     unsigned long accepted;
@@ -249,6 +254,32 @@ static bool service_pair(pair *c, const struct pollfd *fds, bool *reset)
     return !(c->dir[0].shut && c->dir[1].shut);
 }
 
+/* Whether what the client of c sent and the proxy holds (its unforwarded buffer, then the
+ * kernel's unread bytes, peeked) contains the needle. Runs on the proxy's thread, which owns
+ * the pairs. */
+static bool held_contains(const pair *c, const unsigned char *needle, size_t needle_len)
+{
+    int unread = 0;
+    if (c->connecting || ioctl(c->fd[0], FIONREAD, &unread) != 0 || unread < 0)
+        unread = 0;
+    size_t total = c->dir[0].len + (size_t)unread;
+    unsigned char *held = malloc(total ? total : 1);
+    if (!held)
+        return false;
+    memcpy(held, c->dir[0].data, c->dir[0].len);
+    size_t have = c->dir[0].len;
+    if (unread > 0) {
+        ssize_t n = recv(c->fd[0], held + have, (size_t)unread, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0)
+            have += (size_t)n;
+    }
+    bool found = false;
+    for (size_t i = 0; !found && i + needle_len <= have; i++)
+        found = memcmp(held + i, needle, needle_len) == 0;
+    free(held);
+    return found;
+}
+
 static void *proxy_main(void *arg)
 {
     freeze_proxy *p = arg;
@@ -262,7 +293,12 @@ static void *proxy_main(void *arg)
         char host[sizeof p->host];
         memcpy(host, p->host, sizeof host);
         unsigned target_port = p->target_port;
+        bool scan = p->scan_pending;
         pthread_mutex_unlock(&p->lock);
+
+        bool found = false;
+        for (size_t i = 0; scan && !found && i < p->count; i++)
+            found = held_contains(p->pairs[i], p->needle, p->needle_len);
 
         if (drops != p->drops_done) {
             while (p->count)
@@ -282,6 +318,10 @@ static void *proxy_main(void *arg)
         if (p->applied != request) {
             p->listen_rc = listen_rc;
             memcpy(p->listen_err, listen_err, sizeof listen_err);
+        }
+        if (scan) {
+            p->scan_found = found;
+            p->scan_pending = false;
         }
         p->applied = request;
         p->open = p->count;
@@ -455,6 +495,31 @@ void freeze_proxy_thaw(freeze_proxy *p)
 void freeze_proxy_hold_requests(freeze_proxy *p, bool hold)
 {
     request(p, set_holding_requests, &hold);
+}
+
+typedef struct held_search {
+    const void *needle;
+    size_t len;
+} held_search;
+
+static void set_scan(freeze_proxy *p, const void *arg)
+{
+    const held_search *search = arg;
+    memcpy(p->needle, search->needle, search->len);
+    p->needle_len = search->len;
+    p->scan_pending = true;
+}
+
+bool freeze_proxy_held_requests_contain(freeze_proxy *p, const void *needle, size_t needle_len)
+{
+    if (needle_len == 0 || needle_len > sizeof p->needle)
+        return false;
+    held_search search = {needle, needle_len};
+    request(p, set_scan, &search);
+    pthread_mutex_lock(&p->lock);
+    bool found = p->scan_found;
+    pthread_mutex_unlock(&p->lock);
+    return found;
 }
 
 void freeze_proxy_drop(freeze_proxy *p)

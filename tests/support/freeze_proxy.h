@@ -59,6 +59,11 @@ void freeze_proxy_thaw(freeze_proxy *p);
  * Idempotent; independent of freeze. */
 void freeze_proxy_hold_requests(freeze_proxy *p, bool hold);
 
+/* Whether the client-to-server bytes held back now (what the proxy read but has not forwarded,
+ * and what waits unread in the kernel) contain needle (borrowed; 1..64 bytes) on any
+ * connection. Lets a test wait for a client's write that is known to be held, e.g. an ack. */
+bool freeze_proxy_held_requests_contain(freeze_proxy *p, const void *needle, size_t needle_len);
+
 /* Resets (RST) every connection open now, frozen or not. */
 void freeze_proxy_drop(freeze_proxy *p);
 

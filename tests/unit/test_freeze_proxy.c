@@ -140,6 +140,18 @@ typedef struct setup {
     freeze_proxy *proxy;
 } setup;
 
+/* Whether the proxy holds text from a client within DEADLINE_MS (a send reaches the proxy's
+ * socket asynchronously). */
+static bool held_within(freeze_proxy *p, const char *text)
+{
+    for (int waited = 0; waited < DEADLINE_MS; waited += 2) {
+        if (freeze_proxy_held_requests_contain(p, text, strlen(text)))
+            return true;
+        poll(NULL, 0, 2);
+    }
+    return false;
+}
+
 static void start(setup *s)
 {
     char err[256];
@@ -285,9 +297,15 @@ Test(freeze_proxy, holding_requests_stops_only_what_the_client_sends)
     cr_assert(!readable_within(server, SILENCE_MS), "a held byte reached the server");
     send_all(client, "ack-2", 5);
     cr_assert_eq(freeze_proxy_connections(s.proxy), 1, "the held connection must stay open");
+    /* The test can see what is held: both writes, in order, and nothing else. */
+    cr_assert(held_within(s.proxy, "ack-1ack-2"), "the held writes are not reported");
+    cr_assert(!freeze_proxy_held_requests_contain(s.proxy, "delivery", 8),
+              "the server's bytes are reported as held");
 
     freeze_proxy_hold_requests(s.proxy, false);
     expect_text(server, "ack-1ack-2");
+    cr_assert(!freeze_proxy_held_requests_contain(s.proxy, "ack-1", 5),
+              "bytes already forwarded are still reported as held");
 
     /* Held bytes a drop finds are never delivered: the server sees a reset instead. */
     freeze_proxy_hold_requests(s.proxy, true);
