@@ -46,9 +46,10 @@ const char rotation_previous_batch_head[] =
     "SELECT p.biz_key " PREVIOUS_LOOKUP_FROM "WHERE p.handler_name = ? AND p.biz_key IN (";
 const char rotation_previous_batch_tail[] = ")" PREVIOUS_LOOKUP_LOCKS;
 
-/* A rename waits for every transaction on either table, and new ones queue behind it: a short
- * wait keeps a long transaction (a person's open session) from stalling the consumers; the
- * rotation is tried again at the next interval. */
+/* A rename waits for every transaction on either table, and new ones queue behind it: the
+ * consumers' next transactions wait as long as the rename does. A short wait bounds that pause
+ * when a long transaction (a person's open session) holds a table; the rotation is tried again
+ * at the next interval. */
 #define ROTATION_LOCK_WAIT_S 2
 /* Room between the largest id in use and the new table's first: the rows inserted between the
  * read and the rename, with any auto_increment_increment. */
@@ -117,7 +118,8 @@ static int read_tables(MYSQL *db, layout_tables *t, char *err, size_t err_len)
 static const char fold_back_hint[] =
     "set dedup.layout: rotating, or fold it back into msg_dedup: INSERT IGNORE INTO msg_dedup "
     "(biz_key, handler_name, created_at) SELECT biz_key, handler_name, created_at FROM "
-    "msg_dedup_previous; DROP TABLE msg_dedup_previous, idemq_dedup_rotation";
+    "msg_dedup_previous; DROP TABLE msg_dedup_previous, idemq_dedup_rotation; DROP TABLE IF "
+    "EXISTS msg_dedup_next, msg_dedup_expired";
 
 /* The refusal of a single layout over a database that has msg_dedup_previous. -1. */
 static int single_over_rotating(char *report, size_t report_len)
@@ -326,7 +328,8 @@ int rotation_rotate_if_due(MYSQL *db, uint64_t period_s, char *report, size_t re
              "rotated the dedup tables: msg_dedup (current since %s) is now msg_dedup_previous, "
              "an empty msg_dedup took its place (%.1f ms); the period before was %s (%.1f ms)",
              previous_at, (double)(renamed - started) / 1e6,
-             dropped == 0 ? "dropped whole" : "not dropped yet, the next check retries",
+             dropped == 0 ? "dropped whole"
+                          : "not dropped yet (msg_dedup_expired; the next rotation drops it)",
              (double)(done - renamed) / 1e6);
     return 1;
 }
