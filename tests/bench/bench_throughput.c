@@ -8,6 +8,9 @@
  *            batches (--shapes: every shape considered, for the README's comparison);
  *   idemq    the real daemon draining a preloaded queue, from spawn until every dedup row
  *            exists, at mysql.batch 1 and at the default batch, with its peak RSS (VmHWM);
+ *   emit     idemq with one emit per message until every emit is confirmed and marked; its
+ *            bound from the broker alone: publishing with confirms in the relay's rounds, with
+ *            rounds overlapped, and in rounds while the workload is consumed at the same time;
  *   live     the rate idemq sustains while one publisher sends it the workload as fast as it
  *            can (the broker and the cores then carry the publishing too);
  *   latency  publish to commit while idemq consumes live: a paced publisher at light load and
@@ -59,6 +62,7 @@
 
 #define QUEUE_RAW "bench.raw"
 #define QUEUE_IDEMQ "bench.idemq"
+#define QUEUE_EMITTED "bench.emitted" /* where the emit run's downstream messages go */
 #define LIGHT_RATE 200
 #define LIGHT_MESSAGES 600
 #define HEAVY_SECONDS 5
@@ -140,6 +144,22 @@ static void publish(amqp_connection_state_t conn, const char *queue, const bench
         die("publish", queue);
 }
 
+/* Waits until the broker confirmed every publish up to `published` (one queue: its confirms come
+ * in order, often several in one multiple ack). */
+static void await_confirms(amqp_connection_state_t conn, uint64_t published, const char *queue)
+{
+    for (;;) {
+        amqp_frame_t frame;
+        if (amqp_simple_wait_frame(conn, &frame) != AMQP_STATUS_OK)
+            die("confirm", queue);
+        if (frame.frame_type == AMQP_FRAME_METHOD &&
+            frame.payload.method.id == AMQP_BASIC_ACK_METHOD &&
+            ((amqp_basic_ack_t *)frame.payload.method.decoded)->delivery_tag >= published)
+            break;
+    }
+    amqp_maybe_release_buffers(conn);
+}
+
 /* Publishes the workload with confirms, waiting once per 500 messages. */
 static void preload(const char *queue)
 {
@@ -149,18 +169,8 @@ static void preload(const char *queue)
     for (int i = 0; i < workload.count; i++) {
         publish(conn, queue, &workload.events[i], 'b');
         published++;
-        if (published % 500 == 0 || i == workload.count - 1) {
-            for (;;) {
-                amqp_frame_t frame;
-                if (amqp_simple_wait_frame(conn, &frame) != AMQP_STATUS_OK)
-                    die("confirm", queue);
-                if (frame.frame_type == AMQP_FRAME_METHOD &&
-                    frame.payload.method.id == AMQP_BASIC_ACK_METHOD &&
-                    ((amqp_basic_ack_t *)frame.payload.method.decoded)->delivery_tag >= published)
-                    break;
-            }
-            amqp_maybe_release_buffers(conn);
-        }
+        if (published % 500 == 0 || i == workload.count - 1)
+            await_confirms(conn, published, queue);
     }
     broker_close(conn);
 }
@@ -234,6 +244,51 @@ static double run_broker_batched_acks(void)
     amqp_get_rpc_reply(load.conn);
     broker_close(load.conn);
     return workload.count / load.seconds;
+}
+
+/* The broker's half of "one emit each", without idemq or a database: the workload published
+ * persistent with confirms to QUEUE_EMITTED in rounds of OUTBOX_ROUND (the relay's default
+ * outbox.batch), while, with `consuming`, a second connection consumes and acks the preloaded
+ * workload as idemq does. `overlap` 0: each round's confirms are awaited before the next round
+ * is published (as the relay does); 1: the next round is published first, so one round's
+ * confirms are always outstanding (what a relay that overlaps its rounds could reach). */
+static double run_broker_confirms(bool consuming, bool overlap)
+{
+    enum { OUTBOX_ROUND = 2048 };
+    broker_load load = {0};
+    if (consuming) {
+        preload(QUEUE_RAW);
+        load.conn = amqp_open(0, (unsigned)prefetch);
+    }
+    amqp_connection_state_t conn = amqp_open(1, 0);
+    fresh_queue(conn, QUEUE_EMITTED);
+    double start = now_s();
+    if (consuming)
+        start_broker_load(&load);
+    uint64_t published = 0;
+    for (int i = 0; i < workload.count; i++) {
+        publish(conn, QUEUE_EMITTED, &workload.events[i], 'e');
+        published++;
+        if (published % OUTBOX_ROUND != 0 || i == workload.count - 1)
+            continue;
+        if (!overlap)
+            await_confirms(conn, published, QUEUE_EMITTED);
+        else if (published > OUTBOX_ROUND)
+            await_confirms(conn, published - OUTBOX_ROUND, QUEUE_EMITTED);
+    }
+    await_confirms(conn, published, QUEUE_EMITTED);
+    if (consuming)
+        uv_thread_join(&load.thread);
+    double elapsed = now_s() - start;
+    amqp_queue_delete(conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_EMITTED), 0, 0);
+    amqp_get_rpc_reply(conn);
+    broker_close(conn);
+    if (consuming) {
+        amqp_queue_delete(load.conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), 0, 0);
+        amqp_get_rpc_reply(load.conn);
+        broker_close(load.conn);
+    }
+    return workload.count / elapsed;
 }
 
 /* What any consumer of this workload could reach here without idemq's own work: idemq's exact
@@ -330,7 +385,6 @@ static void wait_settled(long long expected, double deadline_s)
 }
 
 /* emit: one downstream message per applied event, relayed to QUEUE_EMITTED. */
-#define QUEUE_EMITTED "bench.emitted"
 static const char emit_yaml[] =
     "        PAY_SUCCESS:\n          from: [PAYING]\n          to: PAID\n"
     "          emit: {name: order-paid, routing_key: " QUEUE_EMITTED ", fields: {order_id: "
@@ -1083,8 +1137,8 @@ int main(int argc, char **argv)
            "machine's %ld cores; msg_dedup holds %lld rows of earlier traffic\n",
            workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
            batch, server_name, sysconf(_SC_NPROCESSORS_ONLN), dedup_rows);
-    double broker[50], db_one[50], db_batched[50], idemq_one[50], idemq_batched[50],
-        idemq_emit[50], shared[50];
+    double broker[50], db_one[50], db_batched[50], idemq_one[50], idemq_batched[50], idemq_emit[50],
+        shared[50], confirms_rounds[50], confirms_overlap[50], emit_bound[50];
     idemq_result last = {0};
     double rss_one = 0;
     for (int r = 0; r < runs; r++) {
@@ -1098,6 +1152,11 @@ int main(int argc, char **argv)
         last = run_idemq(batch, r == runs - 1);
         idemq_batched[r] = last.rate;
         idemq_emit[r] = with_emit ? run_idemq_emitting(batch) : 0;
+        if (with_emit) {
+            confirms_rounds[r] = run_broker_confirms(false, false);
+            confirms_overlap[r] = run_broker_confirms(false, true);
+            emit_bound[r] = run_broker_confirms(true, false);
+        }
         if (runs > 1)
             printf("run %d: broker %.0f, db %.0f / %.0f, idemq %.0f / %.0f msg/s\n", r + 1,
                    broker[r], db_one[r], db_batched[r], idemq_one[r], idemq_batched[r]);
@@ -1124,11 +1183,25 @@ int main(int argc, char **argv)
     printf("idemq    mysql.batch %-4d                          %s%7.0f msg/s   peak RSS %.1f MiB "
            "(prefetch %d)\n",
            batch, m, ib, last.rss_mib, prefetch);
-    if (with_emit)
-        printf("idemq    mysql.batch %-4d, one emit each           %s%7.0f msg/s   = %.2f × without; "
-               "until every emitted message is confirmed and marked published (committed: "
-               "%.0f msg/s, last run)\n",
-               batch, m, ie, ie / ib, emit_committed_rate);
+    if (with_emit) {
+        double cr = median(confirms_rounds, runs), co = median(confirms_overlap, runs),
+               eb = median(emit_bound, runs);
+        printf(
+            "idemq    mysql.batch %-4d, one emit each           %s%7.0f msg/s   = %.2f × without; "
+            "until every emitted message is confirmed and marked published (committed: "
+            "%.0f msg/s, last run)\n",
+            batch, m, ie, ie / ib, emit_committed_rate);
+        printf("broker   publish + confirm, rounds of 2048         %s%7.0f msg/s   each round's "
+               "confirms awaited before the next, as the outbox relay publishes\n",
+               m, cr);
+        printf(
+            "broker   publish + confirm, rounds overlapped      %s%7.0f msg/s   = %.2f × rounds; "
+            "the next round published before the last one's confirms\n",
+            m, co, co / cr);
+        printf("broker   consume/ack + publish/confirm at once     %s%7.0f msg/s   the emit run's "
+               "broker work, no idemq, no database: one emit each / this = %.2f\n",
+               m, eb, ie / eb);
+    }
     printf("latency  light load, %d msg/s                     p50 %6.1f ms  p99 %6.1f ms   "
            "publish to commit, %d samples\n",
            LIGHT_RATE, percentile(&last.light, 0.5), percentile(&last.light, 0.99),
