@@ -466,6 +466,11 @@ static void relay_main(void *arg)
             monotonic_ms() >= r->nack_until_ms) {
             again = run_round(r);
             r->next_scan_ms = monotonic_ms() + (int64_t)r->poll_ms;
+            /* run_round cleared scan_wanted: without this, a full round was followed by the next
+             * only when a notify came meanwhile, else a whole poll_interval later (the end of a
+             * backlog waited 1 s a round with the default). */
+            if (again)
+                r->scan_wanted = true;
         }
         if (r->db && monotonic_ms() >= r->next_stats_ms) {
             count_pending(r);
