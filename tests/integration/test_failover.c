@@ -515,12 +515,18 @@ Test(failover, kill_9_of_the_connected_node_fails_over_and_applies_each_event_on
 
 /* The node (1-based) that leads quorum queue `queue`, seen from node: its name ends in the node's
  * number (c43-2@localhost). */
+/* The leader (1-based) a `list_queues name leader` row names, 0 when none is listed. */
+static int leader_in(const char *row)
+{
+    const char *at = strchr(row, '@');
+    return at && at > row ? at[-1] - '0' : 0;
+}
+
 static int queue_leader(int node, const char *queue)
 {
     char row[1024];
     cr_assert(queue_row(node, queue, "leader", row, sizeof row), "%s is not listed", queue);
-    const char *at = strchr(row, '@');
-    int leader = at && at > row ? at[-1] - '0' : 0;
+    int leader = leader_in(row);
     cr_assert(leader >= 1 && leader <= NODES, "no leader listed for %s: %s", queue, row);
     return leader;
 }
@@ -625,10 +631,7 @@ static bool leader_is(harness *h, void *arg)
     (void)h;
     const leader_wait *w = arg;
     char row[1024];
-    if (!queue_row(w->node, w->queue, "leader", row, sizeof row))
-        return false;
-    const char *at = strchr(row, '@');
-    return at && at > row && at[-1] - '0' == w->node;
+    return queue_row(w->node, w->queue, "leader", row, sizeof row) && leader_in(row) == w->node;
 }
 
 /* Makes node `to` (1-based) the leader of quorum queue `queue`, led by node `from`, with Ra's
