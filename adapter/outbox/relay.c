@@ -78,6 +78,10 @@ struct outbox_relay {
     int64_t nack_until_ms;
     unsigned db_failures, amqp_failures, nack_rounds;
     bool scan_wanted; /* notified, or the poll interval passed */
+    /* run_round's pipeline: a round confirmed and not yet marked, and the round fetched after
+     * it; both set, or both empty, between rounds. */
+    relay_row *confirmed, *next;
+    size_t confirmed_count, next_count;
     unsigned long confirmed_rounds;
     char last_logged[512];
     int64_t last_logged_ms;
@@ -247,7 +251,7 @@ static bool lease_step(outbox_relay *r)
     return true;
 }
 
-/* relay_broker_publish's tick: keeps the lease while confirms are awaited; gives up the wait
+/* relay_broker_await's tick: keeps the lease while confirms are awaited; gives up the wait
  * once outbox_relay_stop has waited long enough. */
 static bool round_tick(void *ctx)
 {
@@ -265,51 +269,20 @@ static bool round_tick(void *ctx)
 
 /* -------------------------------------------------------------------------------------- round */
 
-/* Publishes and marks one batch. Returns true when the next round should follow at once (a full
- * batch, or rows a channel close left unanswered). */
-static bool run_round(outbox_relay *r)
+/* Marks a round whose confirms are in (or given up on), logs its unroutable rows (and, at debug,
+ * its published ones), counts it and frees it. Returns false when the database failed (err says
+ * why; the caller takes it down, so the confirmed rows are published again). */
+static bool mark_round(outbox_relay *r, relay_row *rows, size_t count, char *err, size_t err_len)
 {
-    char err[1024], line[1200];
-    relay_row *rows = NULL;
-    size_t count = 0;
-    bool again = false;
-    r->scan_wanted = false;
-    int64_t started = monotonic_ms();
-    if (relay_db_fetch(r->db, r->batch, &rows, &count, err, sizeof err) != 0) {
-        db_down(r, err);
-        return false;
-    }
-    uv_mutex_lock(&r->lock);
-    r->stats.scans++;
-    uv_mutex_unlock(&r->lock);
-    if (count == 0)
-        return false;
-    int64_t fetched = monotonic_ms();
-    int rc = relay_broker_publish(&r->broker, rows, count, CONFIRM_TIMEOUT_MS, round_tick, r, err,
-                                  sizeof err);
-    int64_t confirmed = monotonic_ms();
-    bool broker_failed = rc != 0;
-    size_t unknown = 0, nacked = 0;
-    for (size_t i = 0; i < count; i++) {
-        unknown += rows[i].outcome == RELAY_ROW_UNKNOWN;
-        nacked += rows[i].outcome == RELAY_ROW_NACKED;
-    }
-    if (!broker_failed && unknown == 0 && r->kill_after && ++r->confirmed_rounds >= r->kill_after) {
-        log_warn(LOG_NO_CONTEXT,
-                 "outbox relay: %s=%lu: killing the process after the confirms "
-                 "of round %lu, before marking its %zu row(s)",
-                 OUTBOX_RELAY_KILL_ENV, r->kill_after, r->confirmed_rounds, count);
-        raise(SIGKILL);
-    }
+    char line[1200];
     relay_mark_result done = {0};
+    int64_t started = monotonic_ms();
     int mark_rc =
-        r->db ? relay_db_mark(r->db, rows, count, r->retention_ms == 0, &done, err, sizeof err)
-              : -1;
-    if (log_enabled(LOG_LEVEL_DEBUG))
-        log_debug(LOG_NO_CONTEXT,
-                  "outbox relay: round of %zu row(s): fetch %" PRId64 " ms, publish and confirms "
-                  "%" PRId64 " ms, mark %" PRId64 " ms",
-                  count, fetched - started, confirmed - fetched, monotonic_ms() - confirmed);
+        r->db ? relay_db_mark(r->db, rows, count, r->retention_ms == 0, &done, err, err_len) : -1;
+    if (!r->db)
+        snprintf(err, err_len, "no database connection");
+    log_debug(LOG_NO_CONTEXT, "outbox relay: marked %zu row(s) in %" PRId64 " ms", count,
+              monotonic_ms() - started);
     bool debug = log_enabled(LOG_LEVEL_DEBUG);
     for (size_t i = 0; i < count; i++) {
         if (rows[i].outcome != RELAY_ROW_UNROUTABLE &&
@@ -329,8 +302,8 @@ static bool run_round(outbox_relay *r)
                      "and will not be retried: %s",
                      rows[i].id, rows[i].biz_key.data, rows[i].error);
         else
-            log_debug(&ctx, "outbox relay: published row %" PRId64 " (emit %s of %s)",
-                      rows[i].id, rows[i].emit_name.data, rows[i].source_biz_key.data);
+            log_debug(&ctx, "outbox relay: published row %" PRId64 " (emit %s of %s)", rows[i].id,
+                      rows[i].emit_name.data, rows[i].source_biz_key.data);
     }
     uv_mutex_lock(&r->lock);
     r->stats.published_total += done.published;
@@ -344,14 +317,125 @@ static bool run_round(outbox_relay *r)
                 set_error(r, line);
                 break;
             }
+    relay_rows_free(rows, count);
+    return mark_rc == 0;
+}
+
+/* The round held back for marking (run_round), marked now: the next round will not run (the
+ * relay stops, lost the lease or a connection), and a confirmed row must not wait for it. */
+static void mark_held_round(outbox_relay *r)
+{
+    char err[1024], text[1200];
+    relay_rows_free(r->next, r->next_count);
+    r->next = NULL;
+    r->next_count = 0;
+    if (!r->confirmed)
+        return;
+    relay_row *rows = r->confirmed;
+    r->confirmed = NULL;
+    if (!mark_round(r, rows, r->confirmed_count, err, sizeof err) && r->db) {
+        snprintf(text, sizeof text, "%s (the confirmed rows will be published again)", err);
+        db_down(r, text);
+    }
+}
+
+/*
+ * Publishes one batch and marks it. Returns true when the next round should follow at once (a
+ * full batch, or rows a channel close left unanswered).
+ *
+ * While the broker stores a full round, the database does the work of the rounds around it: the
+ * round before is marked and the next one fetched (the rows in flight left out), so neither server
+ * waits for the other. A round whose every row got its answer is then held, to be marked while the
+ * next one is at the broker; any other round is marked at once and the next is fetched again after
+ * it, so the rows it left pending stay first.
+ */
+static bool run_round(outbox_relay *r)
+{
+    char err[1024], db_err[1024], text[1200];
+    relay_row *rows = r->next;
+    size_t count = r->next_count;
+    r->next = NULL;
+    r->next_count = 0;
+    bool again = false;
+    r->scan_wanted = false;
+    int64_t started = monotonic_ms();
+    if (!rows) {
+        if (relay_db_fetch(r->db, r->batch, NULL, 0, &rows, &count, err, sizeof err) != 0) {
+            db_down(r, err);
+            return false;
+        }
+        uv_mutex_lock(&r->lock);
+        r->stats.scans++;
+        uv_mutex_unlock(&r->lock);
+        if (count == 0)
+            return false;
+    }
+    int64_t fetched = monotonic_ms();
+    int rc = relay_broker_send(&r->broker, rows, count, err, sizeof err);
+    int64_t sent = monotonic_ms();
+    if (r->confirmed) {
+        relay_row *before = r->confirmed;
+        r->confirmed = NULL;
+        if (!mark_round(r, before, r->confirmed_count, db_err, sizeof db_err) && r->db) {
+            snprintf(text, sizeof text, "%s (the confirmed rows will be published again)", db_err);
+            db_down(r, text);
+        }
+    }
+    int64_t marked = monotonic_ms();
+    if (rc == 0 && r->db && count == r->batch) {
+        if (relay_db_fetch(r->db, r->batch, rows, count, &r->next, &r->next_count, db_err,
+                           sizeof db_err) != 0) {
+            db_down(r, db_err);
+        } else {
+            uv_mutex_lock(&r->lock);
+            r->stats.scans++;
+            uv_mutex_unlock(&r->lock);
+        }
+    }
+    int64_t prefetched = monotonic_ms();
+    if (rc == 0)
+        rc = relay_broker_await(&r->broker, CONFIRM_TIMEOUT_MS, round_tick, r, err, sizeof err);
+    int64_t confirmed = monotonic_ms();
+    bool broker_failed = rc != 0;
+    size_t unknown = 0, nacked = 0;
+    for (size_t i = 0; i < count; i++) {
+        unknown += rows[i].outcome == RELAY_ROW_UNKNOWN;
+        nacked += rows[i].outcome == RELAY_ROW_NACKED;
+    }
+    if (!broker_failed && unknown == 0 && r->kill_after && ++r->confirmed_rounds >= r->kill_after) {
+        log_warn(LOG_NO_CONTEXT,
+                 "outbox relay: %s=%lu: killing the process after the confirms "
+                 "of round %lu, before marking its %zu row(s)",
+                 OUTBOX_RELAY_KILL_ENV, r->kill_after, r->confirmed_rounds, count);
+        raise(SIGKILL);
+    }
+    if (log_enabled(LOG_LEVEL_DEBUG))
+        log_debug(LOG_NO_CONTEXT,
+                  "outbox relay: round of %zu row(s): fetch %" PRId64 " ms, publish %" PRId64
+                  " ms, the round before marked in %" PRId64 " ms and the next fetched in %" PRId64
+                  " ms meanwhile, then the last confirms %" PRId64 " ms",
+                  count, fetched - started, sent - fetched, marked - sent, prefetched - marked,
+                  confirmed - prefetched);
+    if (!broker_failed && unknown == 0 && nacked == 0 && r->next_count > 0) {
+        r->confirmed = rows;
+        r->confirmed_count = count;
+        r->nack_rounds = 0;
+        return true;
+    }
+    relay_rows_free(r->next, r->next_count);
+    r->next = NULL;
+    r->next_count = 0;
     if (nacked) {
         for (size_t i = 0; i < count; i++)
             if (rows[i].outcome == RELAY_ROW_NACKED) {
-                snprintf(line, sizeof line, "row %" PRId64 ": %s; retried", rows[i].id,
+                snprintf(text, sizeof text, "row %" PRId64 ": %s; retried", rows[i].id,
                          rows[i].error);
-                report(r, line);
+                report(r, text);
                 break;
             }
+    }
+    bool marked_ok = mark_round(r, rows, count, db_err, sizeof db_err);
+    if (nacked) {
         r->nack_until_ms = monotonic_ms() + (int64_t)backoff(r, r->nack_rounds++);
         r->scan_wanted = true;
     } else if (!broker_failed) {
@@ -360,19 +444,16 @@ static bool run_round(outbox_relay *r)
     if (broker_failed) {
         /* The rows without a confirm stay pending; the next round, on a new connection, takes
          * them first. */
-        char text[1200];
         snprintf(text, sizeof text, "%s (%zu row(s) left pending)", err, unknown);
         amqp_down(r, text);
         r->scan_wanted = true;
     }
-    if (mark_rc != 0 && r->db) {
-        char text[1200];
-        snprintf(text, sizeof text, "%s (the confirmed rows will be published again)", err);
+    if (!marked_ok && r->db) {
+        snprintf(text, sizeof text, "%s (the confirmed rows will be published again)", db_err);
         db_down(r, text);
     } else if (!broker_failed && !nacked) {
         again = count == r->batch || unknown > 0;
     }
-    relay_rows_free(rows, count);
     return again;
 }
 
@@ -462,7 +543,7 @@ static void relay_main(void *arg)
         if (r->broker.conn && relay_broker_service(&r->broker, err, sizeof err) != 0)
             amqp_down(r, err);
         bool again = false;
-        if (r->scan_wanted && r->leader && r->db && r->broker.conn &&
+        if ((r->scan_wanted || r->confirmed) && r->leader && r->db && r->broker.conn &&
             monotonic_ms() >= r->nack_until_ms) {
             again = run_round(r);
             r->next_scan_ms = monotonic_ms() + (int64_t)r->poll_ms;
@@ -472,6 +553,8 @@ static void relay_main(void *arg)
             if (again)
                 r->scan_wanted = true;
         }
+        if (!again)
+            mark_held_round(r);
         if (r->db && monotonic_ms() >= r->next_stats_ms) {
             count_pending(r);
             r->next_stats_ms = monotonic_ms() + STATS_EVERY_MS;
@@ -492,6 +575,7 @@ static void relay_main(void *arg)
             until = earliest(until, r->next_amqp_ms);
         wait_until(r, until);
     }
+    mark_held_round(r);
     if (r->db && r->leader) {
         if (relay_db_release(r->db, r->owner, err, sizeof err) != 0)
             log_warn(LOG_NO_CONTEXT, "outbox relay: %s", err);

@@ -38,7 +38,12 @@
  *                          backoff (100 ms doubling to 5 s per nacked round in a row);
  *   no confirm (connection lost, timeout) → stays pending: published again by the next round.
  * A round that took a full batch is followed by the next one at once; otherwise the relay waits
- * for outbox_relay_notify or poll_interval, whichever comes first.
+ * for outbox_relay_notify or poll_interval, whichever comes first. Back to back, the rounds
+ * overlap: while the broker stores a full round, the relay marks the round before and fetches the
+ * next (leaving out the rows in flight), so the database's share of a round no longer adds to the
+ * broker's. A round is held for that only when every row got its answer; one with a nack or a row
+ * left without a confirm is marked at once and the next is fetched after it, as without overlap.
+ * A held round is marked before the relay stops, stands by or waits.
  *
  * Delivery is at least once: a row is marked after its confirm, so a crash (or a lost database)
  * between the confirm and the mark publishes it again, with the same message_id; a downstream

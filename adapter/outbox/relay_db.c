@@ -116,17 +116,31 @@ void relay_rows_free(relay_row *rows, size_t count)
     free(rows);
 }
 
-int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, char *err,
-                   size_t err_len)
+int relay_db_fetch(MYSQL *db, unsigned batch, const relay_row *in_flight, size_t in_flight_count,
+                   relay_row **rows, size_t *count, char *err, size_t err_len)
 {
-    char sql[512];
     *rows = NULL;
     *count = 0;
-    snprintf(sql, sizeof sql, OUTBOX_TABLE_FETCH_PENDING_FMT, batch);
-    if (query(db, sql, "reading pending rows", err, err_len) != 0) {
+    /* At most outbox.batch (10000) ids of 20 digits. */
+    size_t cap = sizeof OUTBOX_TABLE_FETCH_PENDING_HEAD + 64 + in_flight_count * 22;
+    char *sql = malloc(cap);
+    if (!sql) {
+        snprintf(err, err_len, "out of memory reading pending rows");
+        return -1;
+    }
+    size_t n = (size_t)snprintf(sql, cap, "%s", OUTBOX_TABLE_FETCH_PENDING_HEAD);
+    for (size_t i = 0; i < in_flight_count; i++)
+        n += (size_t)snprintf(sql + n, cap - n, "%s%" PRId64, i ? "," : " AND id NOT IN (",
+                              in_flight[i].id);
+    if (in_flight_count)
+        n += (size_t)snprintf(sql + n, cap - n, ")");
+    snprintf(sql + n, cap - n, OUTBOX_TABLE_FETCH_PENDING_TAIL_FMT, batch);
+    int rc = query(db, sql, "reading pending rows", err, err_len);
+    free(sql);
+    if (rc != 0) {
         if (mysql_errno(db) == ER_BAD_FIELD_ERROR) { /* an idemq_outbox from before its columns */
-            size_t n = strlen(err);
-            snprintf(err + n, err_len > n ? err_len - n : 0, "; run `idemq migrate`");
+            size_t used = strlen(err);
+            snprintf(err + used, err_len > used ? err_len - used : 0, "; run `idemq migrate`");
         }
         return -1;
     }

@@ -65,10 +65,11 @@ int relay_db_release(MYSQL *db, const char *owner, char *err, size_t err_len);
 /* The body bytes one round holds at most (a single larger row still goes alone). */
 #define RELAY_ROUND_BYTES ((size_t)16 * 1024 * 1024)
 
-/* The oldest `batch` pending rows in id order, at most RELAY_ROUND_BYTES of bodies, into *rows
+/* The oldest `batch` pending rows in id order but those of in_flight[0..in_flight_count) (a round
+ * published and not yet marked; none: NULL, 0), at most RELAY_ROUND_BYTES of bodies, into *rows
  * (returned owned: relay_rows_free) and *count (0 with *rows NULL when none). */
-int relay_db_fetch(MYSQL *db, unsigned batch, relay_row **rows, size_t *count, char *err,
-                   size_t err_len);
+int relay_db_fetch(MYSQL *db, unsigned batch, const relay_row *in_flight, size_t in_flight_count,
+                   relay_row **rows, size_t *count, char *err, size_t err_len);
 
 void relay_rows_free(relay_row *rows, size_t count);
 

@@ -29,6 +29,8 @@ typedef struct publish_ref {
     relay_row *row;
 } publish_ref;
 
+static int end_round(relay_broker *b, int rc);
+
 /* snprintf for diagnostics that may be cut to fit (a row's error, err). */
 __attribute__((format(printf, 3, 4))) static void text(char *buf, size_t len, const char *fmt, ...)
 {
@@ -135,6 +137,7 @@ void relay_broker_fini(relay_broker *b)
 {
     relay_broker_close(b);
     drop(b);
+    end_round(b, 0);
     free(b->known);
     b->known = NULL;
     b->known_cap = 0;
@@ -456,38 +459,60 @@ static int publish_row(relay_broker *b, relay_row *row, publish_ref *ref, char *
     return 0;
 }
 
-int relay_broker_publish(relay_broker *b, relay_row *rows, size_t count,
-                         uint64_t confirm_timeout_ms, relay_tick_fn tick, void *ctx, char *err,
-                         size_t err_len)
+/* Ends the round in b: the callbacks point into b->refs, so a round whose confirms are still owed
+ * cannot end with the connection up (dropped). Returns rc, or BROKER_E_FAILED after such a drop. */
+static int end_round(relay_broker *b, int rc)
 {
-    int rc = BROKER_E_FAILED;
-    publish_ref *refs = NULL;
+    if (b->conn && b->confirms.pending) {
+        drop(b);
+        rc = BROKER_E_FAILED;
+    }
+    if (b->conn && b->confirms.assembly.state == BROKER_ASSEMBLY_IDLE)
+        amqp_maybe_release_buffers(b->conn);
+    free(b->refs);
+    b->refs = NULL;
+    b->rows = NULL;
+    b->row_count = 0;
+    return rc;
+}
+
+int relay_broker_send(relay_broker *b, relay_row *rows, size_t count, char *err, size_t err_len)
+{
+    end_round(b, 0); /* a round never awaited (the caller gave it up) ends here */
     b->rows = rows;
     b->row_count = count;
     b->channel_reopened = false;
     if (!b->conn) {
         text(err, err_len, "not connected");
-        goto out;
+        return end_round(b, BROKER_E_FAILED);
     }
-    refs = calloc(count ? count : 1, sizeof *refs);
-    if (!refs) {
+    b->refs = calloc(count ? count : 1, sizeof *b->refs);
+    if (!b->refs) {
         text(err, err_len, "out of memory");
-        goto out;
+        return end_round(b, BROKER_E_FAILED);
     }
     if (check_exchanges(b, rows, count, err, err_len) != 0)
-        goto out;
+        return end_round(b, BROKER_E_FAILED);
     b->channel_reopened = false;
     for (size_t i = 0; i < count; i++) {
         if (rows[i].outcome != RELAY_ROW_UNKNOWN)
             continue;
-        if (publish_row(b, &rows[i], &refs[i], err, err_len) != 0)
-            goto out;
+        if (publish_row(b, &rows[i], &b->refs[i], err, err_len) != 0)
+            return end_round(b, BROKER_E_FAILED);
         /* Take the acks in as they come, so the broker never waits for us to read. */
         if (read_frames(b, 0, err, err_len) != 0)
-            goto out;
+            return end_round(b, BROKER_E_FAILED);
         if (b->channel_reopened)
             break; /* the rest goes out next round, in order behind the rows the close swallowed */
     }
+    return 0;
+}
+
+int relay_broker_await(relay_broker *b, uint64_t confirm_timeout_ms, relay_tick_fn tick, void *ctx,
+                       char *err, size_t err_len)
+{
+    if (!b->rows)
+        return end_round(b, 0);
     int64_t start = monotonic_ms(), next_tick = start + TICK_MS;
     while (b->confirms.pending) {
         int64_t now = monotonic_ms();
@@ -495,7 +520,7 @@ int relay_broker_publish(relay_broker *b, relay_row *rows, size_t count,
             text(err, err_len, "no publisher confirm within %" PRIu64 " ms for %zu message(s)",
                  confirm_timeout_ms, b->confirms.pending);
             drop(b);
-            goto out;
+            return end_round(b, BROKER_E_FAILED);
         }
         if (now >= next_tick) {
             next_tick = now + TICK_MS;
@@ -503,26 +528,14 @@ int relay_broker_publish(relay_broker *b, relay_row *rows, size_t count,
                 text(err, err_len, "stopping with %zu publisher confirm(s) still owed",
                      b->confirms.pending);
                 drop(b);
-                goto out;
+                return end_round(b, BROKER_E_FAILED);
             }
         }
         int64_t wait = next_tick - now;
         if (wait > (int64_t)confirm_timeout_ms - (now - start))
             wait = (int64_t)confirm_timeout_ms - (now - start);
         if (read_frames(b, (int)(wait > 0 ? wait : 0), err, err_len) != 0)
-            goto out;
+            return end_round(b, BROKER_E_FAILED);
     }
-    rc = 0;
-out:
-    if (b->conn && b->confirms.pending) {
-        /* Only on a failure path that left the connection up: its callbacks point into refs. */
-        drop(b);
-        rc = BROKER_E_FAILED;
-    }
-    if (b->conn && b->confirms.assembly.state == BROKER_ASSEMBLY_IDLE)
-        amqp_maybe_release_buffers(b->conn);
-    free(refs);
-    b->rows = NULL;
-    b->row_count = 0;
-    return rc;
+    return end_round(b, 0);
 }

@@ -37,12 +37,13 @@ typedef struct relay_broker {
     broker_nodes nodes;
     rng random;
     broker_confirms confirms; /* also reads basic.returns */
-    char **known; /* exchanges seen to exist on this connection (owned) */
+    char **known;             /* exchanges seen to exist on this connection (owned) */
     size_t known_count, known_cap;
     /* the round in progress */
-    relay_row *rows; /* borrowed from relay_broker_publish's caller */
+    relay_row *rows; /* borrowed from relay_broker_send's caller until the round ends */
     size_t row_count;
-    bool channel_reopened; /* a channel.close came during this round */
+    struct publish_ref *refs; /* owned: what each row's confirm callback is given */
+    bool channel_reopened;    /* a channel.close came during this round */
     /* Optional: runs just before the connection's socket closes (whatever closes it), so that an
      * owner that may shut the socket down from another thread forgets it first. */
     void (*socket_closing)(void *ctx);
@@ -77,13 +78,16 @@ int relay_broker_service(relay_broker *b, char *err, size_t err_len);
 typedef bool (*relay_tick_fn)(void *ctx);
 
 /*
- * Publishes rows[0..count) (borrowed; in id order) as described above and waits up to
- * confirm_timeout_ms for their confirms, filling in each row's outcome (and error). Returns 0
- * when every row published has its answer (rows whose confirm a channel close swallowed, or that
- * were not sent after it, stay UNKNOWN); BROKER_E_FAILED as above.
+ * A round in two calls, so that the caller can use the database while the broker works:
+ * relay_broker_send publishes rows[0..count) (borrowed, in id order, until the round ends) as
+ * described above, reading the confirms that arrive meanwhile; relay_broker_await then waits up
+ * to confirm_timeout_ms for the others, filling in each row's outcome (and error). The round
+ * ends when relay_broker_await returns, or when send fails. Both return 0 or BROKER_E_FAILED as
+ * above; await returns 0 when every row published has its answer (rows whose confirm a channel
+ * close swallowed, or that were not sent after it, stay UNKNOWN).
  */
-int relay_broker_publish(relay_broker *b, relay_row *rows, size_t count,
-                         uint64_t confirm_timeout_ms, relay_tick_fn tick, void *ctx, char *err,
-                         size_t err_len);
+int relay_broker_send(relay_broker *b, relay_row *rows, size_t count, char *err, size_t err_len);
+int relay_broker_await(relay_broker *b, uint64_t confirm_timeout_ms, relay_tick_fn tick, void *ctx,
+                       char *err, size_t err_len);
 
 #endif

@@ -6,7 +6,7 @@
  *   DDL           store/schema.c (store_outbox_ddl, run by `idemq migrate`), kept identical to
  *                 schemas/mysql/003_outbox.sql: migrations stay together with msg_dedup's.
  *   INSERT        OUTBOX_TABLE_INSERT_HEAD / _ROW below, batched by outbox/writer.c.
- *   relay         OUTBOX_TABLE_FETCH_PENDING_FMT ... _SWEEP_FMT below, run by outbox/relay_db.c
+ *   relay         OUTBOX_TABLE_FETCH_PENDING_HEAD ... _SWEEP_FMT below, run by outbox/relay_db.c
  *                 (the pending scan, the marks, the pending count, the retention sweep).
  *                 The lease is another table, idemq_outbox_lease, and relay_db.c's alone.
  *   operator      the functions below, for cli/outbox.c: the listing, the per-state counts,
@@ -65,11 +65,13 @@ typedef enum outbox_state {
 /* The relay's statements, run by outbox/relay_db.c on its autocommit connection (the values it
  * splices in: integers it made, strings escaped on that connection). */
 
-/* The oldest pending rows, %u of them; its columns in this order. */
-#define OUTBOX_TABLE_FETCH_PENDING_FMT                                                             \
+/* The oldest pending rows: the head, then optionally " AND id NOT IN (ids)" (the rows of a round
+ * still in flight), then the tail with how many (%u); its columns in this order. */
+#define OUTBOX_TABLE_FETCH_PENDING_HEAD                                                            \
     "SELECT id, source_biz_key, handler_name, emit_name, biz_key, exchange, routing_key, "         \
     "content_type, body, UNIX_TIMESTAMP(created_at), traceparent, tracestate FROM idemq_outbox "    \
-    "WHERE state = " OUTBOX_SQL_PENDING " ORDER BY id LIMIT %u"
+    "WHERE state = " OUTBOX_SQL_PENDING
+#define OUTBOX_TABLE_FETCH_PENDING_TAIL_FMT " ORDER BY id LIMIT %u"
 
 /* Published rows: the head of a statement ended by the ids, comma-separated, and ")". */
 #define OUTBOX_TABLE_MARK_PUBLISHED_HEAD                                                           \
