@@ -463,6 +463,61 @@ static double peak_rss_mib(pid_t pid)
     return kib / 1024;
 }
 
+/* Where the cores went during a measured run: CPU seconds of the broker, the database server
+ * (their pids from scripts/bench: IDEMQ_BENCH_BROKER_PID, IDEMQ_BENCH_DB_PID; 0 unknown) and
+ * idemq, and the run's wall time. */
+typedef struct cpu_use {
+    double broker, db, idemq, wall;
+} cpu_use;
+static pid_t broker_pid, db_pid;
+static cpu_use cpu_batched, cpu_emit; /* the last run of each */
+
+/* User + system CPU seconds of pid so far, every thread included (0 when unreadable). */
+static double cpu_seconds(pid_t pid)
+{
+    char path[64], line[1024];
+    if (pid <= 0)
+        return 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char *got = fgets(line, sizeof line, f);
+    fclose(f);
+    char *after = got ? strrchr(line, ')') : NULL; /* the command may hold spaces */
+    unsigned long utime = 0, stime = 0;
+    if (!after || sscanf(after + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime,
+                         &stime) != 2)
+        return 0;
+    return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static cpu_use cpu_now(pid_t idemq)
+{
+    return (cpu_use){.broker = cpu_seconds(broker_pid),
+                     .db = cpu_seconds(db_pid),
+                     .idemq = cpu_seconds(idemq),
+                     .wall = now_s()};
+}
+
+static cpu_use cpu_since(cpu_use before, pid_t idemq)
+{
+    cpu_use after = cpu_now(idemq);
+    return (cpu_use){.broker = after.broker - before.broker,
+                     .db = after.db - before.db,
+                     .idemq = after.idemq - before.idemq,
+                     .wall = after.wall - before.wall};
+}
+
+static void print_cpu(const char *what, cpu_use u)
+{
+    double per = 1e6 / workload.count; /* seconds of the run → µs per message */
+    printf("         %-26s broker %5.1f, database %5.1f, idemq %5.1f µs; together %5.1f of the "
+           "%5.1f the cores had (%ld × wall)\n",
+           what, u.broker * per, u.db * per, u.idemq * per, (u.broker + u.db + u.idemq) * per,
+           u.wall * per * (double)sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 static void wait_rows(MYSQL *db, const char *sql, long long expected, double deadline_s)
 {
     double start = now_s();
@@ -626,12 +681,14 @@ static double run_idemq_emitting(int run_batch)
     fresh_queue(conn, QUEUE_EMITTED);
     preload(QUEUE_IDEMQ);
     write_config(run_batch, true);
+    cpu_use before = cpu_now(0);
     double start = now_s();
     pid_t pid = spawn_idemq();
     wait_rows(db, bench_dedup_count_sql(), workload.orders, 600);
     emit_committed_rate = workload.count / (now_s() - start);
     wait_rows(db, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1", workload.orders, 600);
     double rate = workload.count / (now_s() - start);
+    cpu_emit = cpu_since(before, pid);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
     unlink(config_path);
@@ -659,6 +716,7 @@ static idemq_result run_idemq(int run_batch, bool latency)
     }
     preload(QUEUE_IDEMQ);
     write_config(run_batch, false);
+    cpu_use before = cpu_now(0);
     double start = now_s();
     pid_t pid = spawn_idemq(), others[8];
     for (int k = 1; k < instance_count; k++)
@@ -667,6 +725,8 @@ static idemq_result run_idemq(int run_batch, bool latency)
     if (http_port)
         wait_settled(workload.count, 600);
     r.rate = workload.count / (now_s() - start);
+    if (run_batch == batch && instance_count == 1)
+        cpu_batched = cpu_since(before, pid);
     r.rss_mib = peak_rss_mib(pid);
     for (int k = 1; k < instance_count; k++) {
         kill(others[k], SIGTERM);
@@ -1113,6 +1173,10 @@ int main(int argc, char **argv)
     if ((long)workers * batch > prefetch)
         die("usage", "workers × batch must not exceed the prefetch (as idemq's config requires)");
     const char *mysql_url = getenv("IDEMQ_TEST_MYSQL_URL");
+    if (getenv("IDEMQ_BENCH_BROKER_PID"))
+        broker_pid = (pid_t)atoi(getenv("IDEMQ_BENCH_BROKER_PID"));
+    if (getenv("IDEMQ_BENCH_DB_PID"))
+        db_pid = (pid_t)atoi(getenv("IDEMQ_BENCH_DB_PID"));
     char err[256];
     if (!mysql_url || !getenv("IDEMQ_TEST_AMQP_URL"))
         die("environment", "IDEMQ_TEST_MYSQL_URL / IDEMQ_TEST_AMQP_URL not set (. .state/env)");
@@ -1217,6 +1281,14 @@ int main(int argc, char **argv)
            "%.2f (target >= 0.6);\n         batch %d / shared ceiling = %.2f; batch 1 / "
            "per-message db ceiling = %.2f; batch %d / raw broker = %.2f\n",
            batch, ib / i1, batch, ib / db, batch, ib / sh, i1 / d1, batch, ib / b);
+    if (broker_pid && db_pid) {
+        printf("cpu      per message, last run (user + system CPU of each process while it ran):\n");
+        char what[64];
+        snprintf(what, sizeof what, "mysql.batch %d:", batch);
+        print_cpu(what, cpu_batched);
+        if (with_emit)
+            print_cpu("one emit each:", cpu_emit);
+    }
     if (shapes) {
         printf("shapes   the database alone, %d workers, %d per transaction (bench_db.c):\n",
                workers, batch);
