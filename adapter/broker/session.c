@@ -40,9 +40,12 @@
 /* The broker thread wakes at least this often (heartbeats, the probe, reconnect timing). */
 #define THREAD_TICK_MS 250
 
-/* Jitter keeps a fleet of instances from reconnecting in lock-step after a broker restart. */
+/* Jitter keeps a fleet of instances from reconnecting in lock-step after a broker restart. The cap
+ * bounds how long consumption stays off after the broker is back: at 30 s (45 with the jitter)
+ * a broker down for a minute was consumed from again up to 45 s after it returned, while the
+ * outbox relay (5 s) had long reconnected. RabbitMQ's Java client retries every 5 s. */
 static const backoff_policy reconnect_backoff = {
-    .initial_ms = 500, .max_ms = 30000, .jitter_percent = 50};
+    .initial_ms = 500, .max_ms = 10000, .jitter_percent = 50};
 
 typedef enum command_kind {
     CMD_ACK,

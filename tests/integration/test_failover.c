@@ -588,7 +588,7 @@ static bool watch_until_log(harness *h, minority_watch *w, const char *needle, c
 
 /* The most connect attempts idemq may make in window_ms after its connection was lost: the first
  * round starts 500 ms after the loss, each later one at least twice as long after the one before
- * (at most 30 s; the jitter only adds: broker/session.c, reconnect_backoff), and a round tries
+ * (at most 10 s; the jitter only adds: broker/session.c, reconnect_backoff), and a round tries
  * each node once. A crash loop, or a retry without backoff, makes far more. */
 static long attempts_allowed(int64_t window_ms)
 {
@@ -597,7 +597,7 @@ static long attempts_allowed(int64_t window_ms)
     while (at <= window_ms) {
         rounds++;
         at += delay;
-        delay = delay * 2 > 30000 ? 30000 : delay * 2;
+        delay = delay * 2 > 10000 ? 10000 : delay * 2;
     }
     return rounds * NODES;
 }

@@ -363,7 +363,7 @@ Test(stall, a_broker_frozen_for_120_s)
     harness_reconnect_amqp(&H, 60000); /* the harness's own connection missed its heartbeats */
     cr_assert(wait_watched(&w, everything_settled, NULL, 60000),
               "the work queue, the ladder or the DLQ still hold messages");
-    /* The reconnect backoff is at its cap (30 s, with jitter) after two minutes of failures. */
+    /* The reconnect backoff is at its cap (10 s, with jitter) after two minutes of failures. */
     cr_assert(wait_watched(&w, ready_200, &w, 60000), "/readyz did not recover");
     report("broker SIGSTOP 120 s", &w);
     expect_endpoints_truthful(&w, "RabbitMQ");
