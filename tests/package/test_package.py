@@ -2,6 +2,7 @@
 """The Debian package, installed the way users install it, in a clean Debian 12 root.
 
     tests/package/test_package.py [--no-build]
+    tests/package/test_package.py --prepare-root    only the cached Debian 12 root, if missing
 
 Builds the packages (scripts/package), installs them with apt-get in a fresh Debian 12 root
 (debootstrap, cached once under .state/package-root; every run works on a throw-away overlay of
@@ -459,6 +460,11 @@ def main():
     if os.geteuid() != 0:
         print("package test: needs root (debootstrap, chroot, mounts)", file=sys.stderr)
         return 2
+    if sys.argv[1:] == ["--prepare-root"]:
+        # scripts/test builds the root while the servers start; the test then finds it ready (or,
+        # the lock held, waits for it).
+        ensure_base_root()
+        return 0
     for var in ("IDEMQ_TEST_AMQP_URL", "IDEMQ_TEST_MYSQL_URL"):
         if not os.environ.get(var):
             print(f"package test: {var} is not set (source .state/env after scripts/services "
