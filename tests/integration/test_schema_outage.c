@@ -17,8 +17,9 @@
  * (IDEMQ_TEST_SCHEMA_OUTAGE_SECONDS, default 30), and against RabbitMQ 4.x (IDEMQ_TEST_BROKER=4)
  * until more probes than the quorum queue's delivery limit (20) have failed: a hold that spent a
  * delivery attempt per probe would then have lost messages. (A fixed 120 s did that with 26
- * probes in a clean run.) Everything else waits on an observable condition with a deadline. Only this test's database and queues are touched (no server is
- * stopped), so the suite can run next to the others.
+ * probes in a clean run.) Everything else waits on an observable condition with a deadline.
+ * Only this test's database and queues are touched (no server is stopped), so the suite can run
+ * next to the others.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -334,8 +335,8 @@ Test(schema_outage, renamed_table_under_load_applies_everything_once_on_a_quorum
               "(%ld \"schema error persists\" lines)",
               probes_failed);
     cr_assert(probes_failed >= probes_wanted,
-              "%ld probes failed in %d ms, fewer than the %ld the outage waited for",
-              probes_failed, PROBES_DEADLINE_MS, probes_wanted);
+              "%ld probes failed in %d ms, fewer than the %ld the outage waited for", probes_failed,
+              PROBES_DEADLINE_MS, probes_wanted);
     cr_assert_eq(harness_log_count(&H, RESUME_LINE), 0, "idemq resumed while the table was away");
     cr_assert_eq(dedup_during, applied_at_rename,
                  "messages were applied while the table was away (%lld -> %lld)", applied_at_rename,
@@ -364,9 +365,9 @@ Test(schema_outage, renamed_table_under_load_applies_everything_once_on_a_quorum
             "%d applied %lld ms after the table came back; processed %ld, deduped %ld, "
             "RabbitMQ connection losses %ld\n",
             broker_is_4() ? "4" : "3", applied_at_rename, (long long)(renamed_at - t0),
-            (long long)(renamed - renamed_at), (long long)(paused_seen - renamed), (long long)(outage_lasted_ms / 1000),
-            held_max, held_lines, probes_failed, TOTAL, (long long)(done - back_at), processed,
-            deduped, connection_losses);
+            (long long)(renamed - renamed_at), (long long)(paused_seen - renamed),
+            (long long)(outage_lasted_ms / 1000), held_max, held_lines, probes_failed, TOTAL,
+            (long long)(done - back_at), processed, deduped, connection_losses);
     /* A resume that re-subscribed under the cancelled consumer's tag while its deliveries were
      * held crashed RabbitMQ 3.10.8's channel (rabbitmq-server#5927): the held messages' acks
      * were lost and each came back, spending a delivery attempt (20 allowed on 4.x). Every
