@@ -2,10 +2,12 @@
  * test_rotation — dedup.layout: rotating (adapter/store/rotation.h) in a real `idemq` against
  * real RabbitMQ and MariaDB (or MySQL): `idemq migrate` converts a single msg_dedup in place and
  * `check`/`run` refuse a layout that does not match the config; a key rotated into
- * msg_dedup_previous still makes its copies duplicates, on the one-message path and on the batched
- * path with and without INSERT … RETURNING; a key is forgotten after two rotations; copies racing
- * rotations apply once; two instances rotate once per period between them; a long transaction
- * on msg_dedup delays a rotation without stopping the consumers.
+ * msg_dedup_previous still makes its copies duplicates, on the one-message path, on the batched
+ * path with and without INSERT … RETURNING and in a batch of savepoints (the sql handler); a key
+ * is forgotten after two rotations; copies racing rotations apply once, also among failures
+ * rolled back to their savepoints; the tables a rotation stopped half-way left are dropped by
+ * the next; two instances rotate once per period between them; a long transaction on msg_dedup
+ * delays a rotation without stopping the consumers.
  *
  * The effect that counts: each message is a TICK whose transition goes from OPEN to OPEN, so a
  * copy that slipped past the dedup would apply again (it would not be a state_noop), and an
@@ -63,7 +65,18 @@ static const char tick_handler[] = "      type: state_machine\n"
                                    "      transitions:\n"
                                    "        TICK: {from: [OPEN], to: OPEN}\n";
 
+/* The same TICK as a sql handler, which has no set-based batch path: in a batch each message
+ * runs in a savepoint of its own (store/batch.c), and a failed one is rolled back to it. An order
+ * that does not exist matches no row: that message fails and is dead-lettered. */
+static const char sql_tick_handler[] =
+    "      type: sql\n"
+    "      statements:\n"
+    "        - sql: \"UPDATE orders SET status = 'OPEN' WHERE order_id = :order_id AND status = "
+    "'OPEN'\"\n"
+    "          expect_rows: 1\n";
+
 typedef struct rotation_setup {
+    const char *handler_yaml;           /* NULL: tick_handler */
     unsigned workers, batch, linger_ms; /* 0: the config's defaults (4 workers, batch default) */
     const char *dedup_yaml;             /* the whole top-level dedup line; NULL: rotating, 1h, 1s */
     bool debug;                         /* log level debug (the "batch of N messages" lines) */
@@ -106,7 +119,8 @@ static void setup(const char *name, const rotation_setup *r)
     snprintf(top, sizeof top, "%s\n",
              r->dedup_yaml ? r->dedup_yaml
                            : "dedup: {layout: rotating, retention: 1h, interval: 1s}");
-    harness_options o = {.handler_yaml = tick_handler, .top_yaml = top};
+    harness_options o = {.handler_yaml = r->handler_yaml ? r->handler_yaml : tick_handler,
+                         .top_yaml = top};
     harness_fixture_init(&F, name, &o);
     set_mysql_line(r);
     if (r->debug)
@@ -395,14 +409,25 @@ Test(rotation, rotating_layout_without_migrate_refuses_to_start)
 
 #define KEYS 40
 
-typedef enum path_kind { PATH_SINGLE, PATH_BATCH_RETURNING, PATH_BATCH_NO_RETURNING } path_kind;
+#define FAILING_EVERY 4 /* PATH_SAVEPOINTS: a failing message before every fourth key's copies */
+
+typedef enum path_kind {
+    PATH_SINGLE,
+    PATH_BATCH_RETURNING,
+    PATH_BATCH_NO_RETURNING,
+    PATH_SAVEPOINTS, /* batched, one savepoint per message (the sql handler) */
+} path_kind;
 
 /* Applies KEYS keys a*, rotates them into msg_dedup_previous, then, with idemq stopped so its
  * batches fill from the backlog, publishes two copies of each a* key interleaved with two copies
- * of each fresh key f*: every a* copy and the second f* copy are deduped, each key applies once. */
+ * of each fresh key f*: every a* copy and the second f* copy are deduped, each key applies once.
+ * On PATH_SAVEPOINTS a message that fails (its order m* does not exist) comes before every
+ * fourth key's copies: the copies after it are looked up after a ROLLBACK TO SAVEPOINT, which
+ * releases the metadata locks taken since the savepoint on MariaDB. */
 static void duplicates_across_a_rotation(const char *name, path_kind path)
 {
-    rotation_setup r = {.workers = 1,
+    rotation_setup r = {.handler_yaml = path == PATH_SAVEPOINTS ? sql_tick_handler : NULL,
+                        .workers = 1,
                         .batch = path == PATH_SINGLE ? 1 : 16,
                         .linger_ms = path == PATH_SINGLE ? 0 : 50,
                         .debug = true};
@@ -428,19 +453,29 @@ static void duplicates_across_a_rotation(const char *name, path_kind path)
     cr_expect_eq(harness_log_count(&F.h, "the period before was dropped whole"), 1);
     harness_stop_idemq(&F.daemon);
 
-    tick ticks[4 * KEYS];
+    tick ticks[5 * KEYS];
+    size_t published = 0;
+    long failing = 0;
     for (int i = 0; i < KEYS; i++) {
-        ticks[4 * i] = ticks[4 * i + 1] = (tick){"a", i};
-        ticks[4 * i + 2] = ticks[4 * i + 3] = (tick){"f", i};
+        if (path == PATH_SAVEPOINTS && i % FAILING_EVERY == 0)
+            ticks[published++] = (tick){"m", (int)failing++};
+        ticks[published++] = (tick){"a", i};
+        ticks[published++] = (tick){"a", i};
+        ticks[published++] = (tick){"f", i};
+        ticks[published++] = (tick){"f", i};
     }
-    publish_ticks(ticks, 4 * KEYS);
+    publish_ticks(ticks, published);
     long processed_before = outcomes(PROCESSED);
     start();
     wait_settled(KEYS + 4 * KEYS);
+    cr_assert(harness_wait_log(&F.h, "\"outcome\":\"dead_lettered\"", failing, DEADLINE_MS));
     cr_expect_eq(outcomes(PROCESSED) - processed_before, KEYS, "only the fresh keys apply");
     cr_expect_eq(outcomes(DEDUPED), 3 * KEYS, "both copies of a*, the second of f*");
     cr_expect_eq(outcomes("\"outcome\":\"state_noop\""), 0);
-    cr_expect_eq(outcomes("\"outcome\":\"dead_lettered\""), 0);
+    cr_expect_eq(outcomes("\"outcome\":\"dead_lettered\""), failing);
+    cr_expect_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM msg_dedup WHERE biz_key LIKE "
+                                      "'tick:m%%'"),
+                 0, "a failed message kept its dedup row");
     cr_expect_eq(messages_metric("deduped"), 3 * KEYS);
     cr_expect_eq(messages_metric("processed"), KEYS);
     expect_effects("a", KEYS);
@@ -458,7 +493,7 @@ static void duplicates_across_a_rotation(const char *name, path_kind path)
     if (path != PATH_SINGLE) {
         /* The copies were decided inside batches, not one by one. */
         json_t *log = harness_log_load(&F.h);
-        size_t i, batches = 0, deduped_in_batches = 0;
+        size_t i, batches = 0, deduped_in_batches = 0, failed_in_batches = 0;
         json_t *line;
         json_array_foreach(log, i, line)
         {
@@ -470,12 +505,17 @@ static void duplicates_across_a_rotation(const char *name, path_kind path)
                 n > 1) {
                 batches++;
                 deduped_in_batches += deduped;
+                failed_in_batches += failed;
             }
         }
         json_decref(log);
-        cr_log_info("%s: %zu batches of several messages, %zu copies deduped in them", name,
-                    batches, deduped_in_batches);
+        cr_log_info("%s: %zu batches of several messages, %zu copies deduped and %zu messages "
+                    "failed in them",
+                    name, batches, deduped_in_batches, failed_in_batches);
         cr_expect_geq(deduped_in_batches, KEYS, "the copies were not decided in batches");
+        if (path == PATH_SAVEPOINTS)
+            cr_expect_geq(failed_in_batches, (size_t)failing / 2,
+                          "the failing messages were not rolled back inside batches");
         cr_expect_eq(outcomes("rolled back as a whole"), 0);
     }
     harness_stop_idemq(&F.daemon);
@@ -494,6 +534,11 @@ Test(rotation, a_duplicate_across_a_rotation_is_caught_in_a_batch)
 Test(rotation, a_duplicate_across_a_rotation_is_caught_in_a_batch_without_returning)
 {
     duplicates_across_a_rotation("rotation_dup_batch_noret", PATH_BATCH_NO_RETURNING);
+}
+
+Test(rotation, a_duplicate_across_a_rotation_is_caught_in_a_batch_of_savepoints)
+{
+    duplicates_across_a_rotation("rotation_dup_savepoints", PATH_SAVEPOINTS);
 }
 
 Test(rotation, a_key_is_freed_after_two_rotations)
@@ -527,6 +572,40 @@ Test(rotation, a_key_is_freed_after_two_rotations)
     harness_stop_idemq(&F.daemon);
 }
 
+/* A rotation stopped half-way (idemq killed, its connection lost) leaves msg_dedup_next (stopped
+ * before the rename) or msg_dedup_expired (after the rename, before the drop). Neither is ever
+ * read for duplicates, and the next rotation drops both and rotates as usual. */
+Test(rotation, the_tables_an_interrupted_rotation_left_are_dropped_by_the_next)
+{
+    rotation_setup r = {.workers = 1};
+    setup("rotation_leftovers", &r);
+    insert_open_orders("k", 0, 2);
+    harness_sql(&F.h, "CREATE TABLE msg_dedup_next LIKE msg_dedup");
+    harness_sql(&F.h, "CREATE TABLE msg_dedup_expired LIKE msg_dedup");
+    harness_sql(&F.h, "INSERT INTO msg_dedup_next (biz_key, handler_name) VALUES ('tick:k0', "
+                      "'pay-callback')");
+    harness_sql(&F.h, "INSERT INTO msg_dedup_expired (biz_key, handler_name) VALUES ('tick:k1', "
+                      "'pay-callback')");
+    start();
+    publish_keys("k", 0, 2, 1);
+    wait_settled(2);
+    cr_expect_eq(outcomes(PROCESSED), 2, "a key in a left-over table counted as a duplicate");
+
+    force_rotation();
+    cr_expect(!table_exists("msg_dedup_next"), "the left-over msg_dedup_next is still there");
+    cr_expect(!table_exists("msg_dedup_expired"), "the left-over msg_dedup_expired is still there");
+    cr_expect_eq(harness_log_count(&F.h, "the period before was dropped whole"), 1);
+    cr_expect_eq(harness_log_count_both(F.h.log_path, "\"level\":\"warn\"", "dedup rotation:"), 0);
+    cr_expect_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM msg_dedup_previous WHERE biz_key LIKE "
+                                      "'tick:k%%'"),
+                 2, "the rotation did not move the period's keys");
+    publish_keys("k", 0, 2, 1);
+    wait_settled(4);
+    cr_expect_eq(outcomes(DEDUPED), 2);
+    expect_effects("k", 2);
+    harness_stop_idemq(&F.daemon);
+}
+
 /* ------------------------------------------------------------- copies racing rotations */
 
 #define RACE_ORDERS 3000
@@ -538,6 +617,8 @@ Test(rotation, a_key_is_freed_after_two_rotations)
 typedef struct race {
     int keys; /* published: r0..r<keys-1>, three copies each (the last RACE_DELAY waves': two) */
     long rotations_at_start;
+    bool failing; /* a message that fails (its order m* does not exist) leads each wave */
+    int failed;   /* such messages published */
 } race;
 
 /* Publishes one wave: two copies, back to back, of each of RACE_WAVE new keys, then the third
@@ -545,8 +626,10 @@ typedef struct race {
  * copies in flight together, and copies that a rotation falls between. */
 static void publish_wave(race *t, bool new_keys)
 {
-    tick ticks[3 * RACE_WAVE];
+    tick ticks[3 * RACE_WAVE + 1];
     size_t n = 0;
+    if (t->failing)
+        ticks[n++] = (tick){"m", t->failed++};
     for (int i = 0; new_keys && i < RACE_WAVE; i++) {
         ticks[n++] = (tick){"r", t->keys + i};
         ticks[n++] = (tick){"r", t->keys + i};
@@ -577,6 +660,7 @@ static bool race_done(harness *h, void *arg)
 typedef struct race_report {
     long rotations_during, keys_straddling;
     long long first_ms, last_ms, widest_spread_ms;
+    double longest_rename_ms; /* the slowest rotation's claim to rename */
 } race_report;
 
 static void race_read_log(int keys, race_report *rep)
@@ -596,8 +680,14 @@ static void race_read_log(int keys, race_report *rep)
         const char *outcome = harness_json_str(line, "outcome");
         long long ts = json_integer_value(json_object_get(line, "_ts_ms"));
         int k;
-        if (strstr(harness_json_str(line, "msg"), ROTATED) && n_rotations < 64)
+        const char *msg = harness_json_str(line, "msg");
+        const char *took = strstr(msg, "an empty msg_dedup took its place (");
+        double rename_ms;
+        if (strstr(msg, ROTATED) && n_rotations < 64)
             rotations[n_rotations++] = ts;
+        if (took && sscanf(took, "an empty msg_dedup took its place (%lf ms)", &rename_ms) == 1 &&
+            rename_ms > rep->longest_rename_ms)
+            rep->longest_rename_ms = rename_ms;
         if (strcmp(outcome, "processed") != 0 && strcmp(outcome, "deduped") != 0)
             continue;
         if (rep->first_ms < 0)
@@ -625,26 +715,33 @@ static void race_read_log(int keys, race_report *rep)
     free(last);
 }
 
-Test(rotation, duplicates_racing_a_rotation_apply_once)
+/* Copies of keys published while the tables rotate every RACE_PERIOD_MS; with failing, a
+ * message that fails leads each wave. With the sql handler (its batches run one savepoint per
+ * message), those failures are rolled back to their savepoints among the copies: on MariaDB a
+ * ROLLBACK TO SAVEPOINT releases the metadata locks taken since, so a rename can come between
+ * two messages of one transaction. */
+static void duplicates_racing_rotations(const char *name, const char *handler_yaml, bool failing)
 {
-    rotation_setup r = {.workers = 4,
+    rotation_setup r = {.handler_yaml = handler_yaml,
+                        .workers = 4,
                         .batch = 16,
                         .dedup_yaml = "dedup: {layout: rotating, retention: 2s, interval: 1s}"};
-    setup("rotation_race", &r);
+    setup(name, &r);
     insert_open_orders("r", 0, RACE_ORDERS);
     start();
-    race t = {.rotations_at_start = outcomes(ROTATED)};
+    race t = {.rotations_at_start = outcomes(ROTATED), .failing = failing};
     cr_assert(harness_wait_for(race_done, &F.h, &t, DEADLINE_MS), "the race did not finish");
     for (int w = 0; w < RACE_DELAY; w++)
         publish_wave(&t, false); /* the last keys' third copies */
     t.keys -= RACE_DELAY * RACE_WAVE;
     wait_settled(3L * t.keys);
+    cr_assert(harness_wait_log(&F.h, "\"outcome\":\"dead_lettered\"", t.failed, DEADLINE_MS));
 
     long processed = outcomes(PROCESSED), deduped = outcomes(DEDUPED);
     cr_expect_eq(processed, t.keys, "processed %ld of %d keys", processed, t.keys);
     cr_expect_eq(deduped, 2L * t.keys);
     cr_expect_eq(outcomes("\"outcome\":\"state_noop\""), 0);
-    cr_expect_eq(outcomes("\"outcome\":\"dead_lettered\""), 0);
+    cr_expect_eq(outcomes("\"outcome\":\"dead_lettered\""), t.failed);
     expect_effects("r", t.keys);
 
     race_report rep;
@@ -652,11 +749,13 @@ Test(rotation, duplicates_racing_a_rotation_apply_once)
     long retried = outcomes("\"outcome\":\"retried\"");
     long failed_rotations =
         harness_log_count_both(F.h.log_path, "\"level\":\"warn\"", "dedup rotation:");
-    cr_log_info("race: %d keys, %d messages in %lld ms, %ld rotations meanwhile, %ld keys with a "
-                "rotation between their copies, widest spread of one key's copies %lld ms, %ld "
-                "retried, %ld rotation warnings",
-                t.keys, 3 * t.keys, rep.last_ms - rep.first_ms, rep.rotations_during,
-                rep.keys_straddling, rep.widest_spread_ms, retried, failed_rotations);
+    cr_log_info("%s: %d keys, %d messages (and %d failing) in %lld ms, %ld rotations meanwhile, "
+                "%ld keys with a rotation between their copies, widest spread of one key's copies "
+                "%lld ms, the slowest rotation %.1f ms to its rename, %ld retried, %ld rotation "
+                "warnings",
+                name, t.keys, 3 * t.keys, t.failed, rep.last_ms - rep.first_ms,
+                rep.rotations_during, rep.keys_straddling, rep.widest_spread_ms,
+                rep.longest_rename_ms, retried, failed_rotations);
     /* The premises: rotations fell among the copies, and every key's copies stayed within one
      * period (beyond two rotations a copy may rightly apply again). */
     cr_expect_geq(rep.rotations_during, 2, "rotations while the copies were applied: %ld",
@@ -666,6 +765,16 @@ Test(rotation, duplicates_racing_a_rotation_apply_once)
                  rep.widest_spread_ms);
     cr_expect_eq(failed_rotations, 0, "a rotation failed under load");
     harness_stop_idemq(&F.daemon);
+}
+
+Test(rotation, duplicates_racing_a_rotation_apply_once)
+{
+    duplicates_racing_rotations("rotation_race", NULL, false);
+}
+
+Test(rotation, duplicates_racing_a_rotation_apply_once_among_failures_rolled_back_to_savepoints)
+{
+    duplicates_racing_rotations("rotation_race_savepoints", sql_tick_handler, true);
 }
 
 /* ------------------------------------------------------------- two instances */
