@@ -15,7 +15,7 @@
  *       workload flows (instead of a break), then the copies: one rotation, each event once;
  *   group_replication/ three MySQL 9.7 nodes, single primary, MySQL Router in front
  *     (IDEMQ_TEST_GR_URLS, IDEMQ_TEST_GR_ROUTER_URL): the primary killed, idemq connected
- *       through the Router, and separately through mysql.urls.
+ *       through the Router, and separately through mysql.urls; a forced rotation instead (Router).
  * Each test starts its cluster if it is not running (scripts/services leaves a running one
  * alone) and restores it after (a killed node started again, a frozen one thawed), so that the
  * tests share one start; scripts/test stops both clusters after the suite. Release build only:
@@ -25,6 +25,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
+#include <jansson.h>
 #include <mysql.h>
 #include <signal.h>
 #include <stdio.h>
@@ -677,9 +678,72 @@ Test(galera, retention_chunks_stay_under_the_write_set_limit_while_events_flow)
     mysql_close(survivor);
 }
 
-/* The rotating layout (store/rotation.h) on a cluster: two instances on two nodes, a rotation
- * forced while the workload flows (its RENAME runs in total order on every node, aborting the
- * transactions that hold the tables), then the copies of the first events, whose keys are now in
+/* The rotating layout (store/rotation.h) with a period of an hour, so that the one rotation of a
+ * run is the test's: its tables, as `idemq migrate` creates them, and the config. */
+static void use_rotating_layout(harness *h)
+{
+    harness_sql(h, "%s", rotation_previous_ddl);
+    harness_sql(h, "%s", rotation_state_ddl);
+    harness_sql(h, "%s", rotation_state_row_sql);
+    /* The rotation's line is an info line. */
+    harness_config_replace_line(h, "log: ", "log: {level: info}");
+    FILE *f = fopen(h->config_path, "a");
+    cr_assert(f);
+    fprintf(f, "dedup: {layout: rotating, retention: 1h, interval: 1s}\n");
+    fclose(f);
+}
+
+/* The line a rotation logs (store/retention.c). */
+static const char rotated[] = "rotated the dedup tables";
+
+/* The message of h's rotation line into out ("" when there is none): the rename's and the
+ * drop's times, for --verbose. */
+static void rotation_message(harness *h, char *out, size_t len)
+{
+    json_t *log = harness_log_load(h);
+    size_t i;
+    json_t *line;
+    out[0] = '\0';
+    json_array_foreach(log, i, line)
+    {
+        const char *msg = harness_json_str(line, "msg");
+        if (!out[0] && strstr(msg, rotated))
+            snprintf(out, len, "%s", msg);
+    }
+    json_decref(log);
+}
+
+/* The dedup rows of the two tables: one per applied event, whichever side of the rotation. */
+static const char applied_sql[] =
+    "SELECT (SELECT COUNT(*) FROM msg_dedup) + (SELECT COUNT(*) FROM msg_dedup_previous)";
+
+/* Every event applied once across a rotation, counted on node db (borrowed) once every event
+ * settled: log_paths are the logs of the idemq instances that ran, stopped. Unlike
+ * assert_each_event_once, every event is processed once: nothing broke a commit's answer. */
+static void assert_each_event_once_across_the_rotation(harness *h, MYSQL *db,
+                                                       const char *const *log_paths, size_t n)
+{
+    cr_assert_eq(node_scalar(db, applied_sql), EVENTS, "one dedup row per event");
+    cr_assert_eq(node_scalar(db, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
+    long dead_letters = harness_queue_depth_of(h, ".dlq");
+    if (dead_letters != 0)
+        log_dead_letters(h, log_paths, n);
+    cr_assert_eq(dead_letters, 0, "%ld messages were dead-lettered", dead_letters);
+    long processed = 0, deduped = 0, state_noop = 0;
+    for (size_t i = 0; i < n; i++) {
+        processed += harness_summary_total(log_paths[i], "processed");
+        deduped += harness_summary_total(log_paths[i], "deduped");
+        state_noop += harness_summary_total(log_paths[i], "state_noop");
+    }
+    cr_assert_eq(state_noop, 0, "a copy was applied to an order already PAID");
+    cr_assert_eq(processed, EVENTS);
+    cr_assert_eq(processed + deduped, EVENTS + DUPLICATES, "processed %ld + deduped %ld", processed,
+                 deduped);
+}
+
+/* The rotating layout on a cluster: two instances on two nodes, a rotation forced while the
+ * workload flows (its RENAME runs in total order on every node, aborting the transactions that
+ * hold the tables), then the copies of the first events, whose keys are now in
  * msg_dedup_previous. Exactly one instance rotates, and each event is applied once. */
 Test(galera, two_instances_on_two_nodes_across_a_rotation_apply_each_event_once)
 {
@@ -687,20 +751,10 @@ Test(galera, two_instances_on_two_nodes_across_a_rotation_apply_each_event_once)
     cluster c = cluster_from("IDEMQ_TEST_GALERA_URLS");
     harness_server(c.urls[2]);
     harness_fixture_init(&F, "galera_rotation", NULL);
-    harness_sql(&F.h, "%s", rotation_previous_ddl);
-    harness_sql(&F.h, "%s", rotation_state_ddl);
-    harness_sql(&F.h, "%s", rotation_state_row_sql);
-    /* A period of an hour: the one rotation of the run is the test's. */
-    harness_config_replace_line(&F.h, "log: ", "log: {level: info}");
-    FILE *f = fopen(F.h.config_path, "a");
-    cr_assert(f);
-    fprintf(f, "dedup: {layout: rotating, retention: 1h, interval: 1s}\n");
-    fclose(f);
+    use_rotating_layout(&F.h);
     char second_log[400];
     start_two_on_two_nodes(&c, second_log, sizeof second_log);
 
-    static const char applied_sql[] =
-        "SELECT (SELECT COUNT(*) FROM msg_dedup) + (SELECT COUNT(*) FROM msg_dedup_previous)";
     MYSQL *survivor = open_node(c.urls[2], F.h.database);
     publish_workload(&F.h);
     /* Early, so that the rotation (at the next check, within dedup.interval) usually falls
@@ -709,7 +763,6 @@ Test(galera, two_instances_on_two_nodes_across_a_rotation_apply_each_event_once)
     cr_assert(mysql_query(survivor, "UPDATE idemq_dedup_rotation SET rotated_at = NOW(3) - "
                                     "INTERVAL 2 HOUR") == 0,
               "%s", mysql_error(survivor));
-    static const char rotated[] = "rotated the dedup tables";
     int64_t deadline = harness_now_ms() + 60000;
     while (harness_log_count_in(F.h.log_path, rotated) + harness_log_count_in(second_log, rotated) <
                1 &&
@@ -733,27 +786,38 @@ Test(galera, two_instances_on_two_nodes_across_a_rotation_apply_each_event_once)
                 in_previous, EVENTS, node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup"));
     cr_assert_eq(rotations, 1, "%ld rotations for one period due", rotations);
     cr_assert_geq(in_previous, EVENTS / 10, "the rotation moved the applied keys");
-    cr_assert_eq(node_scalar(survivor, applied_sql), EVENTS, "one dedup row per event");
-    cr_assert_eq(node_scalar(survivor, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), EVENTS);
-    long dead_letters = harness_queue_depth_of(&F.h, ".dlq");
     const char *logs[] = {F.h.log_path, second_log};
-    if (dead_letters != 0)
-        log_dead_letters(&F.h, logs, 2);
-    cr_assert_eq(dead_letters, 0, "%ld messages were dead-lettered", dead_letters);
-    long processed = 0, deduped = 0, state_noop = 0;
-    for (size_t i = 0; i < 2; i++) {
-        processed += harness_summary_total(logs[i], "processed");
-        deduped += harness_summary_total(logs[i], "deduped");
-        state_noop += harness_summary_total(logs[i], "state_noop");
-    }
-    cr_assert_eq(state_noop, 0, "a copy was applied to an order already PAID");
-    cr_assert_eq(processed, EVENTS);
-    cr_assert_eq(processed + deduped, EVENTS + DUPLICATES, "processed %ld + deduped %ld",
-                 processed, deduped);
+    assert_each_event_once_across_the_rotation(&F.h, survivor, logs, 2);
     mysql_close(survivor);
 }
 
 /* ----------------------------------------------------------------------- Group Replication */
+
+/* Points the config's mysql line at the Router, router (borrowed) with the test's database. */
+static void use_router(harness *h, const char *router)
+{
+    char line[700], url[600];
+    with_database(router, h->database, url, sizeof url);
+    snprintf(line, sizeof line, "mysql: {workers: 4, read_timeout: 5s, url: \"%s\"}", url);
+    harness_config_replace_line(h, "mysql: ", line);
+}
+
+/* Waits until secondary (borrowed) has applied every transaction that the primary, behind the
+ * harness's connection (the Router), has committed: a secondary applies asynchronously, and a
+ * count read there any earlier can miss rows, or a rotation's RENAME. */
+static void wait_caught_up(harness *h, MYSQL *secondary)
+{
+    cr_assert(mysql_query(h->db, "SELECT @@GLOBAL.gtid_executed") == 0, "%s", mysql_error(h->db));
+    MYSQL_RES *res = mysql_store_result(h->db);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : NULL;
+    cr_assert(row && row[0], "the primary's gtid_executed: %s", mysql_error(h->db));
+    char sql[4096];
+    int len = snprintf(sql, sizeof sql, "SELECT GTID_SUBSET('%s', @@GLOBAL.gtid_executed)", row[0]);
+    mysql_free_result(res);
+    cr_assert(len > 0 && (size_t)len < sizeof sql, "the primary's gtid_executed is too long");
+    cr_assert_eq(wait_node_scalar(secondary, sql, 1, 60000), 1,
+                 "the secondary did not apply the primary's transactions within 60 s");
+}
 
 /* Kills the primary (node 1: member weights make the elections follow the Router's order) while
  * the workload runs; idemq reaches the cluster by the Router or by mysql.urls. */
@@ -767,10 +831,7 @@ static void kill_the_primary_midrun(bool through_router)
     harness_server(router);
     harness_fixture_init(&F, through_router ? "gr_kill_router" : "gr_kill_urls", NULL);
     if (through_router) {
-        char line[700], url[600];
-        with_database(router, F.h.database, url, sizeof url);
-        snprintf(line, sizeof line, "mysql: {workers: 4, read_timeout: 5s, url: \"%s\"}", url);
-        harness_config_replace_line(&F.h, "mysql: ", line);
+        use_router(&F.h, router);
     } else {
         const int order[] = {0, 1, 2};
         use_nodes(&F.h, &c, order, 3, "");
@@ -807,4 +868,56 @@ Test(group_replication, the_primary_killed_midrun_through_the_router_applies_eac
 Test(group_replication, the_primary_killed_midrun_through_mysql_urls_applies_each_event_once)
 {
     kill_the_primary_midrun(false);
+}
+
+/* The rotating layout on Group Replication, idemq through the Router: a rotation forced while
+ * the workload flows (its DDL runs on the primary, waiting for the transactions that hold the
+ * tables, and reaches the secondaries in the group's order), then the copies of the first
+ * events, whose keys are now in msg_dedup_previous. One rotation, each event applied once, and a
+ * secondary that has caught up holds the same two tables. */
+Test(group_replication, a_rotation_while_events_flow_through_the_router_applies_each_event_once)
+{
+    require_cluster("gr");
+    cluster c = cluster_from("IDEMQ_TEST_GR_URLS");
+    const char *router = getenv("IDEMQ_TEST_GR_ROUTER_URL");
+    cr_assert(router && *router, "IDEMQ_TEST_GR_ROUTER_URL is not set");
+    /* The harness's connection, through the Router, is on the primary: the secondaries are read
+     * only, so the test forces the rotation and reads what the rotation moved through it. */
+    harness_server(router);
+    harness_fixture_init(&F, "gr_rotation", NULL);
+    use_rotating_layout(&F.h);
+    use_router(&F.h, router);
+    harness_fixture_start(&F, "started consuming", 30000);
+
+    MYSQL *secondary = open_node(c.urls[2], F.h.database);
+    publish_workload(&F.h);
+    /* Early (counted on the primary: the secondary lags), so that the rotation, at the next
+     * check within dedup.interval, usually falls while the rest flows; the log says if it did. */
+    harness_wait_scalar_at_least(&F.h, EVENTS / 10, 120000, applied_sql);
+    harness_sql(&F.h, "UPDATE idemq_dedup_rotation SET rotated_at = NOW(3) - INTERVAL 2 HOUR");
+    cr_assert(harness_wait_log(&F.h, rotated, 1, 60000), "no rotation within 60 s of being due");
+    long long in_previous = harness_scalar(&F.h, "SELECT COUNT(*) FROM msg_dedup_previous");
+    publish_duplicates(&F.h);
+    cr_assert_geq(harness_wait_scalar_at_least(&F.h, EVENTS, 180000, applied_sql), EVENTS,
+                  "not every event was applied within 180 s");
+    cr_assert(harness_wait_queue_depth(&F.h, F.h.queue, 0, 120000), "the work queue did not drain");
+
+    harness_stop_idemq(&F.daemon);
+    wait_caught_up(&F.h, secondary);
+    long rotations = harness_log_count(&F.h, rotated);
+    char rotation[1024];
+    rotation_message(&F.h, rotation, sizeof rotation);
+    cr_log_info("group replication rotation: %lld of %d events applied at the rotation (in "
+                "msg_dedup_previous), %lld after it; %s",
+                in_previous, EVENTS, node_scalar(secondary, "SELECT COUNT(*) FROM msg_dedup"),
+                rotation);
+    cr_assert_eq(rotations, 1, "%ld rotations for one period due", rotations);
+    cr_assert_geq(in_previous, EVENTS / 10, "the rotation moved the applied keys");
+    /* Nothing is inserted into msg_dedup_previous after the rotation: the secondary's is the
+     * primary's of that moment, or the RENAME did not reach it. */
+    cr_assert_eq(node_scalar(secondary, "SELECT COUNT(*) FROM msg_dedup_previous"), in_previous,
+                 "the secondary's msg_dedup_previous is not the one the rotation made");
+    const char *logs[] = {F.h.log_path};
+    assert_each_event_once_across_the_rotation(&F.h, secondary, logs, 1);
+    mysql_close(secondary);
 }
