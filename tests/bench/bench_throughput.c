@@ -8,7 +8,8 @@
  *            batches (--shapes: every shape considered, for the README's comparison);
  *   idemq    the real daemon draining a preloaded queue, from spawn until every dedup row
  *            exists, at mysql.batch 1 and at the default batch, with its peak RSS (VmHWM);
- *   emit     idemq with one emit per message until every emit is confirmed and marked; its
+ *   emit     idemq with one emit per message until every emit is confirmed and marked, and
+ *            again with outbox.retention 0 (rows deleted at their confirm); its
  *            bound from the broker alone: publishing with confirms in the relay's rounds, with
  *            rounds overlapped, and in rounds while the workload is consumed at the same time;
  *   live     the rate idemq sustains while one publisher sends it the workload as fast as it
@@ -397,6 +398,11 @@ static const char *dedup_options = "";
 static const char *run_log;
 static const char *idemq_database = BENCH_DATABASE, *idemq_queue = QUEUE_IDEMQ;
 
+/* The emit run's outbox section: "" (the default retention, published rows kept an hour), or
+ * OUTBOX_DELETING. */
+#define OUTBOX_DELETING "outbox: {retention: 0}\n"
+static const char *outbox_options = "";
+
 static void write_config(int run_batch, bool emit)
 {
     snprintf(config_path, sizeof config_path, "/tmp/idemq-bench-XXXXXX");
@@ -424,6 +430,8 @@ static void write_config(int run_batch, bool emit)
                                         : "warn",
             listen, dedup_cache, dedup_options, idemq_queue,
             emit ? emit_yaml : "        PAY_SUCCESS: {from: [PAYING], to: PAID}\n");
+    if (emit)
+        fputs(outbox_options, f);
     fclose(f);
 }
 
@@ -470,7 +478,7 @@ typedef struct cpu_use {
     double broker, db, idemq, wall;
 } cpu_use;
 static pid_t broker_pid, db_pid;
-static cpu_use cpu_batched, cpu_emit; /* the last run of each */
+static cpu_use cpu_batched, cpu_emit, cpu_emit_deleting; /* the last run of each */
 
 /* User + system CPU seconds of pid so far, every thread included (0 when unreadable). */
 static double cpu_seconds(pid_t pid)
@@ -677,10 +685,11 @@ static double live_rate(MYSQL *db)
 
 /* idemq at run_batch: drains the preloaded workload; with latency, then the two paced runs. */
 /* The rate of idemq with one emit per applied event, until every downstream message is
- * confirmed by the broker and marked published (the relay's whole path). */
+ * confirmed by the broker and marked published (the relay's whole path); with deleting,
+ * outbox.retention 0: until every row is deleted at its confirm instead. */
 static double emit_committed_rate; /* of the last run_idemq_emitting: every event committed */
 
-static double run_idemq_emitting(int run_batch)
+static double run_idemq_emitting(int run_batch, bool deleting)
 {
     bench_db_reset(&dsn, &workload);
     MYSQL *db = bench_db_connect(&dsn, BENCH_DATABASE);
@@ -688,15 +697,28 @@ static double run_idemq_emitting(int run_batch)
     amqp_connection_state_t conn = amqp_open(0, 0);
     fresh_queue(conn, QUEUE_EMITTED);
     preload(QUEUE_IDEMQ);
+    outbox_options = deleting ? OUTBOX_DELETING : "";
     write_config(run_batch, true);
+    outbox_options = "";
     cpu_use before = cpu_now(0);
     double start = now_s();
     pid_t pid = spawn_idemq();
     wait_rows(db, bench_dedup_count_sql(), workload.orders, 600);
-    emit_committed_rate = workload.count / (now_s() - start);
-    wait_rows(db, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1", workload.orders, 600);
+    if (!deleting)
+        emit_committed_rate = workload.count / (now_s() - start);
+    if (deleting) {
+        /* Every row was inserted with its event's dedup row: none left is all relayed. */
+        char left[96];
+        snprintf(left, sizeof left, "SELECT %d - COUNT(*) FROM idemq_outbox", workload.orders);
+        wait_rows(db, left, workload.orders, 600);
+    } else {
+        wait_rows(db, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1", workload.orders, 600);
+    }
     double rate = workload.count / (now_s() - start);
-    cpu_emit = cpu_since(before, pid);
+    if (deleting)
+        cpu_emit_deleting = cpu_since(before, pid);
+    else
+        cpu_emit = cpu_since(before, pid);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
     unlink(config_path);
@@ -1210,7 +1232,8 @@ int main(int argc, char **argv)
            workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
            batch, server_name, sysconf(_SC_NPROCESSORS_ONLN), dedup_rows);
     double broker[50], db_one[50], db_batched[50], idemq_one[50], idemq_batched[50], idemq_emit[50],
-        shared[50], confirms_rounds[50], confirms_overlap[50], emit_bound[50];
+        idemq_emit_deleting[50], shared[50], confirms_rounds[50], confirms_overlap[50],
+        emit_bound[50];
     idemq_result last = {0};
     double rss_one = 0;
     for (int r = 0; r < runs; r++) {
@@ -1223,15 +1246,18 @@ int main(int argc, char **argv)
         rss_one = one.rss_mib;
         last = run_idemq(batch, r == runs - 1);
         idemq_batched[r] = last.rate;
-        idemq_emit[r] = with_emit ? run_idemq_emitting(batch) : 0;
+        idemq_emit[r] = with_emit ? run_idemq_emitting(batch, false) : 0;
+        idemq_emit_deleting[r] = with_emit ? run_idemq_emitting(batch, true) : 0;
         if (with_emit) {
             confirms_rounds[r] = run_broker_confirms(false, false);
             confirms_overlap[r] = run_broker_confirms(false, true);
             emit_bound[r] = run_broker_confirms(true, false);
         }
         if (runs > 1)
-            printf("run %d: broker %.0f, db %.0f / %.0f, idemq %.0f / %.0f msg/s\n", r + 1,
-                   broker[r], db_one[r], db_batched[r], idemq_one[r], idemq_batched[r]);
+            printf("run %d: broker %.0f, db %.0f / %.0f, idemq %.0f / %.0f, one emit each %.0f, "
+                   "deleted %.0f msg/s\n",
+                   r + 1, broker[r], db_one[r], db_batched[r], idemq_one[r], idemq_batched[r],
+                   idemq_emit[r], idemq_emit_deleting[r]);
         fflush(stdout);
     }
     double b = median(broker, runs), d1 = median(db_one, runs), db = median(db_batched, runs),
@@ -1263,6 +1289,11 @@ int main(int argc, char **argv)
             "until every emitted message is confirmed and marked published (committed: "
             "%.0f msg/s, last run)\n",
             batch, m, ie, ie / ib, emit_committed_rate);
+        double ied = median(idemq_emit_deleting, runs);
+        printf(
+            "idemq    mysql.batch %-4d, one emit each, deleted %s%7.0f msg/s   = %.2f × without; "
+            "outbox.retention 0: each row deleted at its confirm, not marked and kept\n",
+            batch, m, ied, ied / ib);
         printf("broker   publish + confirm, rounds of 2048         %s%7.0f msg/s   each round's "
                "confirms awaited before the next, as the outbox relay publishes\n",
                m, cr);
@@ -1296,6 +1327,8 @@ int main(int argc, char **argv)
         print_cpu(what, cpu_batched);
         if (with_emit)
             print_cpu("one emit each:", cpu_emit);
+        if (with_emit)
+            print_cpu("one emit each, deleted:", cpu_emit_deleting);
     }
     if (shapes) {
         printf("shapes   the database alone, %d workers, %d per transaction (bench_db.c):\n",
