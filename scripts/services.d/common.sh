@@ -80,15 +80,37 @@ wait_stopped() {
   fi
 }
 
+# stop_group LAUNCHER: a start given up. setsid made LAUNCHER the leader of a process group of
+# its own, and everything the start launched is in it: stopped with SIGTERM, SIGKILL after 10 s.
+# Left running, a server is unknown to scripts/services until it writes its pid file (a broker
+# writes it late): it would keep its ports, and the next start would report them taken by a
+# process that is not this project's.
+stop_group() {
+  local group=$1 i
+  [[ $group =~ ^[1-9][0-9]*$ ]] || return 0
+  kill -TERM -- "-$group" 2>/dev/null || return 0
+  for ((i = 0; i < 100; i++)); do
+    pgrep -g "$group" >/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL -- "-$group" 2>/dev/null || true
+}
+
 # await_ready LAUNCHER FAIL PROBE...: the end of a database server's start: until PROBE...
 # succeeds (it answers), within IDEMQ_START_TIMEOUT; FAIL (the server's failure function) when
-# LAUNCHER (the process that became the server) exits first or time runs out.
+# LAUNCHER (the process that became the server) exits first or time runs out, after stop_group.
 await_ready() {
   local launcher=$1 fail=$2 deadline=$((SECONDS + IDEMQ_START_TIMEOUT))
   shift 2
   until "$@"; do
-    kill -0 "$launcher" 2>/dev/null || "$fail" "the server exited during start-up"
-    ((SECONDS < deadline)) || "$fail" "not accepting connections after ${IDEMQ_START_TIMEOUT}s"
+    if ! kill -0 "$launcher" 2>/dev/null; then
+      stop_group "$launcher"
+      "$fail" "the server exited during start-up"
+    fi
+    if ((SECONDS >= deadline)); then
+      stop_group "$launcher"
+      "$fail" "not accepting connections after ${IDEMQ_START_TIMEOUT}s"
+    fi
     sleep 0.2
   done
 }
