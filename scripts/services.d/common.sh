@@ -96,21 +96,21 @@ stop_group() {
   kill -KILL -- "-$group" 2>/dev/null || true
 }
 
+# give_up LAUNCHER FAIL ARGS...: stop_group LAUNCHER, then FAIL ARGS... (which exits).
+give_up() {
+  stop_group "$1"
+  "${@:2}"
+}
+
 # await_ready LAUNCHER FAIL PROBE...: the end of a database server's start: until PROBE...
 # succeeds (it answers), within IDEMQ_START_TIMEOUT; FAIL (the server's failure function) when
-# LAUNCHER (the process that became the server) exits first or time runs out, after stop_group.
+# LAUNCHER (the process that became the server) exits first or time runs out (give_up).
 await_ready() {
   local launcher=$1 fail=$2 deadline=$((SECONDS + IDEMQ_START_TIMEOUT))
   shift 2
   until "$@"; do
-    if ! kill -0 "$launcher" 2>/dev/null; then
-      stop_group "$launcher"
-      "$fail" "the server exited during start-up"
-    fi
-    if ((SECONDS >= deadline)); then
-      stop_group "$launcher"
-      "$fail" "not accepting connections after ${IDEMQ_START_TIMEOUT}s"
-    fi
+    kill -0 "$launcher" 2>/dev/null || give_up "$launcher" "$fail" "the server exited during start-up"
+    ((SECONDS < deadline)) || give_up "$launcher" "$fail" "not accepting connections after ${IDEMQ_START_TIMEOUT}s"
     sleep 0.2
   done
 }

@@ -21,26 +21,18 @@ EOC
 # accepts connections, then until the application has booted (rabbitmqctl await_startup), all
 # within IDEMQ_START_TIMEOUT. FAIL and CTL are the broker's failure and rabbitmqctl functions,
 # given N first when there is one (a cluster node number); FAIL also when LAUNCHER (the start
-# script, which execs the VM) exits early; a start given up stops what it launched (stop_group).
+# script, which execs the VM) exits early; a start given up stops what it launched (give_up).
 rabbit_await() {
   local port=$1 launcher=$2 fail=$3 ctl=$4 node=("${@:5}") left deadline=$((SECONDS + IDEMQ_START_TIMEOUT))
   until port_open "$port"; do
-    if ! kill -0 "$launcher" 2>/dev/null; then
-      stop_group "$launcher"
-      "$fail" "${node[@]}" "the broker exited during start-up"
-    fi
-    if ((SECONDS >= deadline)); then
-      stop_group "$launcher"
-      "$fail" "${node[@]}" "not accepting AMQP connections after ${IDEMQ_START_TIMEOUT}s"
-    fi
+    kill -0 "$launcher" 2>/dev/null || give_up "$launcher" "$fail" "${node[@]}" "the broker exited during start-up"
+    ((SECONDS < deadline)) || give_up "$launcher" "$fail" "${node[@]}" "not accepting AMQP connections after ${IDEMQ_START_TIMEOUT}s"
     sleep 0.2
   done
   left=$((deadline - SECONDS))
   ((left > 5)) || left=5
-  if ! "$ctl" "${node[@]}" -q await_startup --timeout "$left" >/dev/null; then
-    stop_group "$launcher"
-    "$fail" "${node[@]}" "rabbitmqctl await_startup failed"
-  fi
+  "$ctl" "${node[@]}" -q await_startup --timeout "$left" >/dev/null ||
+    give_up "$launcher" "$fail" "${node[@]}" "rabbitmqctl await_startup failed"
 }
 
 # signal_broker WHAT PIDFN STOP|CONT: freeze-* / thaw-*: SIGSTOP or SIGCONT to the Erlang VM that

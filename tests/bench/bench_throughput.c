@@ -704,21 +704,15 @@ static double run_idemq_emitting(int run_batch, bool deleting)
     double start = now_s();
     pid_t pid = spawn_idemq();
     wait_rows(db, bench_dedup_count_sql(), workload.orders, 600);
-    if (!deleting)
-        emit_committed_rate = workload.count / (now_s() - start);
     if (deleting) {
         /* Every row was inserted with its event's dedup row: none left is all relayed. */
-        char left[96];
-        snprintf(left, sizeof left, "SELECT %d - COUNT(*) FROM idemq_outbox", workload.orders);
-        wait_rows(db, left, workload.orders, 600);
+        wait_rows(db, "SELECT COUNT(*) = 0 FROM idemq_outbox", 1, 600);
     } else {
+        emit_committed_rate = workload.count / (now_s() - start);
         wait_rows(db, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1", workload.orders, 600);
     }
     double rate = workload.count / (now_s() - start);
-    if (deleting)
-        cpu_emit_deleting = cpu_since(before, pid);
-    else
-        cpu_emit = cpu_since(before, pid);
+    *(deleting ? &cpu_emit_deleting : &cpu_emit) = cpu_since(before, pid);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
     unlink(config_path);
@@ -1325,10 +1319,10 @@ int main(int argc, char **argv)
         char what[64];
         snprintf(what, sizeof what, "mysql.batch %d:", batch);
         print_cpu(what, cpu_batched);
-        if (with_emit)
+        if (with_emit) {
             print_cpu("one emit each:", cpu_emit);
-        if (with_emit)
             print_cpu("one emit each, deleted:", cpu_emit_deleting);
+        }
     }
     if (shapes) {
         printf("shapes   the database alone, %d workers, %d per transaction (bench_db.c):\n",
