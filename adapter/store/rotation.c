@@ -65,6 +65,35 @@ static int run(MYSQL *db, const char *sql, const char *what, char *err, size_t e
     return -1;
 }
 
+int rotation_analyze(MYSQL *db, const char *table, char *err, size_t err_len)
+{
+    char sql[96];
+    snprintf(sql, sizeof sql, "ANALYZE TABLE %s", table);
+    if (mysql_query(db, sql) != 0) {
+        snprintf(err, err_len, "analyzing %s failed: %s (error %u)", table, mysql_error(db),
+                 mysql_errno(db));
+        return -1;
+    }
+    MYSQL_RES *res = mysql_store_result(db);
+    if (!res) {
+        snprintf(err, err_len, "analyzing %s failed: %s (error %u)", table, mysql_error(db),
+                 mysql_errno(db));
+        return -1;
+    }
+    /* Table, Op, Msg_type, Msg_text: the server's own error comes first, then a "status"
+     * row saying the operation failed, so the first error row is the reason. */
+    int rc = 0;
+    MYSQL_ROW row;
+    while (rc == 0 && (row = mysql_fetch_row(res)) != NULL) {
+        if (mysql_num_fields(res) >= 4 && row[2] && strcasecmp(row[2], "error") == 0) {
+            snprintf(err, err_len, "analyzing %s failed: %s", table, row[3] ? row[3] : "");
+            rc = -1;
+        }
+    }
+    mysql_free_result(res);
+    return rc;
+}
+
 /* The first column of the first row of sql into buf ("" for NULL or no row). 0 or -1. */
 static int scalar(MYSQL *db, const char *sql, const char *what, char *buf, size_t buf_len,
                   char *err, size_t err_len)
@@ -284,7 +313,7 @@ static int swap_tables(MYSQL *db, char *err, size_t err_len)
      * those of a table created empty say "0 rows" until InnoDB's background refresh, which a
      * short period may never see; MySQL then scans the whole unique index for every lookup,
      * index hint or not. */
-    if (run(db, "ANALYZE TABLE msg_dedup", "analyzing msg_dedup", err, err_len) != 0)
+    if (rotation_analyze(db, "msg_dedup", err, err_len) != 0)
         return -1;
     return run(db,
                "RENAME TABLE msg_dedup_previous TO msg_dedup_expired, msg_dedup TO "

@@ -50,6 +50,10 @@ extern const char rotation_previous_lookup_sql[];
 extern const char rotation_previous_batch_head[];
 extern const char rotation_previous_batch_tail[];
 
+/* ANALYZE TABLE table. The server reports a failure (a lock wait timed out, a table missing) as
+ * a row of the statement's result, not as its error: -1 with that row's text. */
+int rotation_analyze(MYSQL *db, const char *table, char *err, size_t err_len);
+
 /* Whether the tables match layout (config_dedup_layout): 0 with the layout described in report,
  * -1 with what is wrong and how to fix it, or 1 when they could not be read (report says why).
  * period_s is dedup.retention, for the next rotation's time. */

@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "harness.h"
+#include "store/rotation.h"
 
 #define DEADLINE_MS 60000
 #define READY_LINE "consuming with handler"
@@ -1061,4 +1062,37 @@ Test(rotation, a_long_transaction_delays_a_rotation_without_stopping_the_consume
     expect_effects("b", 20);
     expect_effects("c", 20);
     harness_stop_idemq(&F.daemon);
+}
+
+/* ANALYZE TABLE succeeds as a statement even when it could not analyze: the failure is a row of
+ * its result. The rotation analyzes msg_dedup just before its rename (swap_tables), after it
+ * released the table; a session that took LOCK TABLES ... WRITE in between made the ANALYZE wait
+ * lock_wait_timeout and "succeed", and the rename went ahead with stale statistics. */
+Test(rotation, an_analyze_that_could_not_run_fails_with_the_servers_reason)
+{
+    rotation_setup r = {0};
+    setup("rotation_analyze", &r);
+    char err[512] = "";
+    MYSQL *analyzer = harness_db_open(&F.h);
+    cr_assert(mysql_query(analyzer, "SET SESSION lock_wait_timeout = 1") == 0, "%s",
+              mysql_error(analyzer));
+    cr_assert_eq(rotation_analyze(analyzer, "msg_dedup", err, sizeof err), 0, "%s", err);
+
+    locker = harness_db_open(&F.h);
+    cr_assert(mysql_query(locker, "LOCK TABLES msg_dedup WRITE") == 0, "%s", mysql_error(locker));
+    err[0] = '\0';
+    cr_expect_eq(rotation_analyze(analyzer, "msg_dedup", err, sizeof err), -1,
+                 "an ANALYZE that waited out a table lock counted as done");
+    cr_expect(strstr(err, "analyzing msg_dedup failed: ") && strstr(err, "Lock wait timeout"),
+              "the reason: \"%s\"", err);
+    mysql_close(locker);
+    locker = NULL;
+
+    err[0] = '\0';
+    cr_expect_eq(rotation_analyze(analyzer, "msg_dedup_missing", err, sizeof err), -1);
+    cr_expect(strstr(err, "msg_dedup_missing") && strstr(err, "doesn't exist"),
+              "the reason: \"%s\"", err);
+    /* The session is usable afterwards: the result was read to its end. */
+    cr_expect_eq(rotation_analyze(analyzer, "msg_dedup", err, sizeof err), 0, "%s", err);
+    mysql_close(analyzer);
 }
