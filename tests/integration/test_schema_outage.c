@@ -5,8 +5,8 @@
  * pause_consuming / hold / resume_consuming; adapter/store/pool.c probe_statements).
  *
  * What would break each assertion:
- *   - requeueing instead of holding: "requeued" outcomes; on RabbitMQ 4.x (quorum work queue,
- *     default delivery limit 20) messages dropped after ~21 requeues, so fewer than TOTAL rows;
+ *   - requeueing instead of holding: "requeued" outcomes; messages dropped by the quorum work
+ *     queue once their requeues pass its delivery limit, so fewer than TOTAL rows;
  *   - classifying 1146/1054 as retryable or non-retryable: "retried"/"dead_lettered" outcomes,
  *     copies in the retry queues or the DLQ;
  *   - a probe that only pings: the ping succeeds while the table is away, idemq resumes at once
@@ -14,10 +14,12 @@
  *   - a quiet pause: /readyz, idemq_paused{reason="schema"}, idemq_held, the error log line.
  *
  * The outage is the scenario, not synchronisation: at least OUTAGE seconds
- * (IDEMQ_TEST_SCHEMA_OUTAGE_SECONDS, default 30), and against RabbitMQ 4.x (IDEMQ_TEST_BROKER=4)
- * until more probes than the quorum queue's delivery limit (20) have failed: a hold that spent a
- * delivery attempt per probe would then have lost messages. (A fixed 120 s did that with 26
- * probes in a clean run.) Everything else waits on an observable condition with a deadline.
+ * (IDEMQ_TEST_SCHEMA_OUTAGE_SECONDS, default 30), and until more probes than the work queue's
+ * delivery limit have failed: a hold that spent a delivery attempt per probe would then have
+ * lost messages. The queue sets its limit (WORK_QUEUE_DELIVERY_LIMIT) rather than relying on
+ * 4.x's default of 20: the same check on every broker (3.10 has no default), and 21 probes of up
+ * to 5 s each made the 4.3 pass wait 92 s where 30 s suffice. Everything else waits on an
+ * observable condition with a deadline.
  * Only this test's database and queues are touched (no server is stopped), so the suite can run
  * next to the others.
  */
@@ -70,10 +72,11 @@ static int outage_seconds(void)
     return 30;
 }
 
-/* RabbitMQ 4.x's default delivery limit for quorum queues. */
-#define QUORUM_DELIVERY_LIMIT 20
-/* The outage's bound when it waits for the probes (five-second probes: 21 take under 2 min). */
-#define PROBES_DEADLINE_MS 300000
+/* The work queue's x-delivery-limit: six failed probes (0.5, 1, 2, 4, 5 and 5 s apart) pass it
+ * within the default 30 s outage. */
+#define WORK_QUEUE_DELIVERY_LIMIT 5
+/* The outage's bound when it waits for the probes. */
+#define PROBES_DEADLINE_MS 120000
 
 static void pause_ms(int ms)
 {
@@ -85,10 +88,12 @@ static void pause_ms(int ms)
 /* Declares H.queue as a durable quorum queue, so idemq (declare: passive) only checks it. */
 static void declare_quorum_work_queue(void)
 {
-    amqp_table_entry_t entry = {
-        .key = amqp_cstring_bytes("x-queue-type"),
-        .value = {.kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("quorum")}};
-    amqp_table_t args = {.num_entries = 1, .entries = &entry};
+    amqp_table_entry_t entries[] = {
+        {.key = amqp_cstring_bytes("x-queue-type"),
+         .value = {.kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("quorum")}},
+        {.key = amqp_cstring_bytes("x-delivery-limit"),
+         .value = {.kind = AMQP_FIELD_KIND_I32, .value.i32 = WORK_QUEUE_DELIVERY_LIMIT}}};
+    amqp_table_t args = {.num_entries = 2, .entries = entries};
     amqp_queue_declare(H.amqp, 1, amqp_cstring_bytes(H.queue), 0, 1, 0, 0, args);
     amqp_rpc_reply_t reply = amqp_get_rpc_reply(H.amqp);
     cr_assert(reply.reply_type == AMQP_RESPONSE_NORMAL, "declaring the quorum queue %s failed",
@@ -300,11 +305,11 @@ Test(schema_outage, renamed_table_under_load_applies_everything_once_on_a_quorum
     cr_assert(harness_log_count_both(H.log_path, PAUSE_LINE, "\"level\":\"error\"") == 1,
               "the schema pause must be an error line");
 
-    /* The outage itself (its length is the scenario; on 4.x it lasts until enough probes
-     * failed): the pause must hold the whole time, and the held count is sampled. */
+    /* The outage itself (its length is the scenario, and it lasts until enough probes failed):
+     * the pause must hold the whole time, and the held count is sampled. */
     long long held_max = w.held_max;
     int flapped = 0;
-    const long probes_wanted = broker_is_4() ? QUORUM_DELIVERY_LIMIT + 1 : 0;
+    const long probes_wanted = WORK_QUEUE_DELIVERY_LIMIT + 1;
     for (;;) {
         int64_t lasted = harness_now_ms() - renamed;
         if (lasted >= (int64_t)outage_s * 1000 &&
@@ -370,8 +375,9 @@ Test(schema_outage, renamed_table_under_load_applies_everything_once_on_a_quorum
             (long long)(done - back_at), processed, deduped, connection_losses);
     /* A resume that re-subscribed under the cancelled consumer's tag while its deliveries were
      * held crashed RabbitMQ 3.10.8's channel (rabbitmq-server#5927): the held messages' acks
-     * were lost and each came back, spending a delivery attempt (20 allowed on 4.x). Every
-     * subscription has a tag of its own now, so the resume must be clean on both brokers. */
+     * were lost and each came back, spending a delivery attempt (the queue allows
+     * WORK_QUEUE_DELIVERY_LIMIT). Every subscription has a tag of its own now, so the resume must
+     * be clean on both brokers. */
     cr_assert_eq(connection_losses, 0, "the RabbitMQ connection was lost during the test");
     cr_assert_eq(deduped, 0, "held messages were redelivered after the resume");
 
