@@ -746,13 +746,21 @@ Test(galera, two_instances_on_two_nodes_across_a_rotation_apply_each_event_once)
     harness_server(c.urls[2]);
     harness_fixture_init(&F, "galera_rotation", NULL);
     use_rotating_layout(&F.h);
+    /* 5 ms an update: the workload lasts seconds, and the rotation, at the next check within
+     * dedup.interval (1 s) of being due, falls among the events. Row events replicate, so only
+     * the node that runs the UPDATE runs the trigger. */
+    harness_sql(&F.h, "CREATE TRIGGER slow_updates BEFORE UPDATE ON orders FOR EACH ROW "
+                      "SET @idemq_test_pause = SLEEP(0.005)");
     char second_log[400];
     start_two_on_two_nodes(&c, second_log, sizeof second_log);
 
     MYSQL *survivor = open_node(c.urls[2], F.h.database);
+    /* Node 3 applies the others' writes behind them: a plain count there lagged by up to the
+     * whole workload, and the rotation was forced after every event in a clean run. A causal
+     * read waits until the node has applied what the cluster committed before it. */
+    cr_assert(mysql_query(survivor, "SET SESSION wsrep_sync_wait = 1") == 0, "%s",
+              mysql_error(survivor));
     publish_workload(&F.h);
-    /* Early, so that the rotation (at the next check, within dedup.interval) usually falls
-     * while the rest flows: the log line below says whether it did. */
     wait_node_scalar(survivor, applied_sql, EVENTS / 10, 120000);
     cr_assert(mysql_query(survivor, "UPDATE idemq_dedup_rotation SET rotated_at = NOW(3) - "
                                     "INTERVAL 2 HOUR") == 0,
@@ -780,6 +788,7 @@ Test(galera, two_instances_on_two_nodes_across_a_rotation_apply_each_event_once)
                 in_previous, EVENTS, node_scalar(survivor, "SELECT COUNT(*) FROM msg_dedup"));
     cr_assert_eq(rotations, 1, "%ld rotations for one period due", rotations);
     cr_assert_geq(in_previous, EVENTS / 10, "the rotation moved the applied keys");
+    cr_assert_lt(in_previous, EVENTS, "the rotation came after every event, not among them");
     const char *logs[] = {F.h.log_path, second_log};
     assert_each_event_once_across_the_rotation(&F.h, survivor, logs, 2);
     mysql_close(survivor);
