@@ -102,6 +102,50 @@ give_up() {
   "${@:2}"
 }
 
+# stop_trees PID...: each PID and every process under it (SIGTERM, SIGKILL after 10 s), all at
+# once: a start waiting for a root's lock would otherwise take it from a stopped one and start
+# building. A background start cut short by another's failure may be building a root
+# (debootstrap, apt in the chroot) or booting a server: its processes are the job's
+# descendants, in the script's own process group, so stop_group cannot reach them.
+stop_trees() {
+  local -a tree=("$@")
+  local i=0 child
+  while ((i < ${#tree[@]})); do
+    for child in $(pgrep -P "${tree[i]}"); do tree+=("$child"); done
+    i=$((i + 1))
+  done
+  kill -TERM "${tree[@]}" 2>/dev/null || return 0
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "${tree[@]}" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL "${tree[@]}" 2>/dev/null || true
+}
+
+# stop_unfinished_starts: at the exit of a failed `start`, what it began and did not finish: the
+# background starts still running (stop_trees) and a 3.10 broker launched but not yet awaited
+# (stop_group). A failed start leaves no root being built and no server half started.
+stop_unfinished_starts() {
+  local name pid
+  local -a running=() names=()
+  for name in "${!RB_JOBS[@]}"; do
+    pid=${RB_JOBS[$name]}
+    if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then continue; fi
+    running+=("$pid") names+=("$name")
+  done
+  for pid in ${M97_JOBS[@]+"${M97_JOBS[@]}"}; do
+    kill -0 "$pid" 2>/dev/null || continue
+    running+=("$pid") names+=(mysql97)
+  done
+  if [[ -n ${RABBIT_LAUNCHER:-} ]] && pgrep -g "$RABBIT_LAUNCHER" >/dev/null; then
+    warn "rabbitmq: its start did not finish; stopping it"
+    stop_group "$RABBIT_LAUNCHER"
+  fi
+  ((${#running[@]})) || return 0
+  warn "the start of $(printf '%s\n' "${names[@]}" | sort -u | paste -sd' ') did not finish; stopping it"
+  stop_trees "${running[@]}"
+}
+
 # await_ready LAUNCHER FAIL PROBE...: the end of a database server's start: until PROBE...
 # succeeds (it answers), within IDEMQ_START_TIMEOUT; FAIL (the server's failure function) when
 # LAUNCHER (the process that became the server) exits first or time runs out (give_up).

@@ -122,6 +122,7 @@ rabbit_wait() {
   port_open "$IDEMQ_AMQP_PORT" || rabbit_fail "AMQP port closed right after start-up"
   port_open "$IDEMQ_AMQPS_PORT" || rabbit_fail "no TLS listener on 127.0.0.1:$IDEMQ_AMQPS_PORT"
   log "rabbitmq: ready on 127.0.0.1:$IDEMQ_AMQP_PORT, TLS on 127.0.0.1:$IDEMQ_AMQPS_PORT (pid $(rabbit_pid), $(elapsed "$RABBIT_T0")s)"
+  RABBIT_LAUNCHER="" # started: a later failure of `start` leaves it running (stop_unfinished_starts)
 }
 
 rabbit_stop() {
