@@ -106,6 +106,56 @@ static long long scalar(MYSQL *db, const char *sql)
     return v;
 }
 
+/* --------------------------------------------------------------------------------------- cpu */
+
+/* Where the cores went during a measured run: CPU seconds of the broker, the database server
+ * (their pids from scripts/bench: IDEMQ_BENCH_BROKER_PID, IDEMQ_BENCH_DB_PID; 0 unknown) and
+ * idemq, and the run's wall time. */
+typedef struct cpu_use {
+    double broker, db, idemq, wall;
+} cpu_use;
+static pid_t broker_pid, db_pid;
+static cpu_use cpu_batched, cpu_emit, cpu_emit_deleting; /* the last run of each */
+/* The shared ceiling's last run; its "idemq" is the bench itself, the consumer there. */
+static cpu_use cpu_shared;
+
+/* User + system CPU seconds of pid so far, every thread included (0 when unreadable). */
+static double cpu_seconds(pid_t pid)
+{
+    char path[64], line[1024];
+    if (pid <= 0)
+        return 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char *got = fgets(line, sizeof line, f);
+    fclose(f);
+    char *after = got ? strrchr(line, ')') : NULL; /* the command may hold spaces */
+    unsigned long utime = 0, stime = 0;
+    if (!after || sscanf(after + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime,
+                         &stime) != 2)
+        return 0;
+    return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static cpu_use cpu_now(pid_t idemq)
+{
+    return (cpu_use){.broker = cpu_seconds(broker_pid),
+                     .db = cpu_seconds(db_pid),
+                     .idemq = cpu_seconds(idemq),
+                     .wall = now_s()};
+}
+
+static cpu_use cpu_since(cpu_use before, pid_t idemq)
+{
+    cpu_use after = cpu_now(idemq);
+    return (cpu_use){.broker = after.broker - before.broker,
+                     .db = after.db - before.db,
+                     .idemq = after.idemq - before.idemq,
+                     .wall = after.wall - before.wall};
+}
+
 /* ------------------------------------------------------------------------------------ broker */
 
 static amqp_connection_state_t amqp_open(int confirms, unsigned qos)
@@ -301,12 +351,14 @@ static double run_shared_ceiling(bench_shape shape)
     bench_db_reset(&dsn, &workload);
     preload(QUEUE_RAW);
     broker_load load = {.conn = amqp_open(0, (unsigned)prefetch)};
+    cpu_use before = cpu_now(getpid());
     double start = now_s();
     double db_rate = bench_db_run_reset(&dsn, &workload, shape, workers, batch,
                                         start_broker_load, &load);
     uv_thread_join(&load.thread);
     (void)db_rate; /* both halves must finish: the slower one sets the rate */
     double elapsed = now_s() - start;
+    cpu_shared = cpu_since(before, getpid());
     amqp_queue_delete(load.conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), 0, 0);
     amqp_get_rpc_reply(load.conn);
     broker_close(load.conn);
@@ -471,59 +523,15 @@ static double peak_rss_mib(pid_t pid)
     return kib / 1024;
 }
 
-/* Where the cores went during a measured run: CPU seconds of the broker, the database server
- * (their pids from scripts/bench: IDEMQ_BENCH_BROKER_PID, IDEMQ_BENCH_DB_PID; 0 unknown) and
- * idemq, and the run's wall time. */
-typedef struct cpu_use {
-    double broker, db, idemq, wall;
-} cpu_use;
-static pid_t broker_pid, db_pid;
-static cpu_use cpu_batched, cpu_emit, cpu_emit_deleting; /* the last run of each */
-
-/* User + system CPU seconds of pid so far, every thread included (0 when unreadable). */
-static double cpu_seconds(pid_t pid)
-{
-    char path[64], line[1024];
-    if (pid <= 0)
-        return 0;
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    char *got = fgets(line, sizeof line, f);
-    fclose(f);
-    char *after = got ? strrchr(line, ')') : NULL; /* the command may hold spaces */
-    unsigned long utime = 0, stime = 0;
-    if (!after || sscanf(after + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime,
-                         &stime) != 2)
-        return 0;
-    return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static cpu_use cpu_now(pid_t idemq)
-{
-    return (cpu_use){.broker = cpu_seconds(broker_pid),
-                     .db = cpu_seconds(db_pid),
-                     .idemq = cpu_seconds(idemq),
-                     .wall = now_s()};
-}
-
-static cpu_use cpu_since(cpu_use before, pid_t idemq)
-{
-    cpu_use after = cpu_now(idemq);
-    return (cpu_use){.broker = after.broker - before.broker,
-                     .db = after.db - before.db,
-                     .idemq = after.idemq - before.idemq,
-                     .wall = after.wall - before.wall};
-}
-
-static void print_cpu(const char *what, cpu_use u)
+/* consumer: what u.idemq measured (idemq, or the bench's own client for a ceiling). */
+static void print_cpu(const char *what, const char *consumer, cpu_use u)
 {
     double per = 1e6 / workload.count; /* seconds of the run → µs per message */
-    printf("         %-26s broker %5.1f, database %5.1f, idemq %5.1f µs; together %5.1f of the "
+    printf("         %-26s broker %5.1f, database %5.1f, %s %5.1f µs; together %5.1f of the "
            "%5.1f the cores had (%ld × wall)\n",
-           what, u.broker * per, u.db * per, u.idemq * per, (u.broker + u.db + u.idemq) * per,
-           u.wall * per * (double)sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_NPROCESSORS_ONLN));
+           what, u.broker * per, u.db * per, consumer, u.idemq * per,
+           (u.broker + u.db + u.idemq) * per, u.wall * per * (double)sysconf(_SC_NPROCESSORS_ONLN),
+           sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 static void wait_rows(MYSQL *db, const char *sql, long long expected, double deadline_s)
@@ -1318,10 +1326,11 @@ int main(int argc, char **argv)
         printf("cpu      per message, last run (user + system CPU of each process while it ran):\n");
         char what[64];
         snprintf(what, sizeof what, "mysql.batch %d:", batch);
-        print_cpu(what, cpu_batched);
+        print_cpu("shared ceiling:", "bench", cpu_shared);
+        print_cpu(what, "idemq", cpu_batched);
         if (with_emit) {
-            print_cpu("one emit each:", cpu_emit);
-            print_cpu("one emit each, deleted:", cpu_emit_deleting);
+            print_cpu("one emit each:", "idemq", cpu_emit);
+            print_cpu("one emit each, deleted:", "idemq", cpu_emit_deleting);
         }
     }
     if (shapes) {
