@@ -39,6 +39,9 @@
 #define SILENT_AFTER_MS 3000
 /* The broker thread wakes at least this often (heartbeats, the probe, reconnect timing). */
 #define THREAD_TICK_MS 250
+/* Acks behind an open delivery wait this long for it (flush_acks): a batch in flight at the head
+ * usually commits within it, and one basic.ack(multiple) then settles everything behind it. */
+#define ACKS_BEHIND_WAIT_MS 50
 
 /* Jitter keeps a fleet of instances from reconnecting in lock-step after a broker restart. The cap
  * bounds how long consumption stays off after the broker is back: at 30 s (45 with the jitter)
@@ -171,6 +174,8 @@ struct broker_session {
     broker_assembly assembly;
     broker_confirms confirms;
     tag_ring tags;
+    int64_t acks_behind_since_ms;   /* 0, or since when flush_acks holds acks back */
+    int64_t acks_behind_due_ms;     /* 0, or when it sends them (the thread wakes for it) */
     command *held_head, *held_tail; /* publishes waiting for connection.unblocked */
 };
 
@@ -361,6 +366,7 @@ static void drop_connection(broker_session *s, bool polite)
     s->thread_blocked = false;
     s->probe_sent_ms = 0;
     tag_clear(&s->tags);
+    s->acks_behind_since_ms = s->acks_behind_due_ms = 0;
     broker_assembly_reset(&s->assembly);
     fail_held_publishes(s);
     broker_confirms_fail_all(&s->confirms);
@@ -762,14 +768,40 @@ static void settle_tag(broker_session *s, uint64_t generation, uint64_t tag, com
         thread_connection_lost(s, broker_describe_status(rc));
 }
 
+/* Whether the acked tags behind the open head of the ring should go out on their own now
+ * rather than wait for one basic.ack(multiple): when they have waited ACKS_BEHIND_WAIT_MS
+ * without the head moving (a held delivery, a slow transaction), or they hold half of the
+ * prefetch window (the broker would stop delivering), or the session stops. Otherwise the
+ * thread's wake-up is set for their deadline. With four workers at batch 32, three batches out
+ * of four commit behind another's still open: sent at once, three messages in four were acked
+ * one frame each (30,194 single acks against 4,341 multiple in a bench run), each a write and
+ * a command for the broker. */
+static bool send_acks_behind_now(broker_session *s, bool stopping)
+{
+    tag_ring *r = &s->tags;
+    size_t acked = 0;
+    for (size_t i = 0; i < r->count; i++)
+        acked += tag_at(r, i)->state == TAG_ACKED;
+    int64_t now = monotonic_ms();
+    if (acked && !s->acks_behind_since_ms)
+        s->acks_behind_since_ms = now;
+    int64_t due = s->acks_behind_since_ms + ACKS_BEHIND_WAIT_MS;
+    size_t half_window = s->cfg->prefetch ? (size_t)s->cfg->prefetch / 2 : SIZE_MAX;
+    bool now_or_never = !acked || stopping || acked >= half_window || now >= due;
+    s->acks_behind_since_ms = now_or_never ? 0 : s->acks_behind_since_ms;
+    s->acks_behind_due_ms = now_or_never ? 0 : due;
+    return acked && now_or_never;
+}
+
 /* The settled tags at the head of the ring, one command per run: basic.ack(multiple) for acked
  * ones, basic.nack(multiple, requeue) for released ones (tags sent on their own join either run:
- * the broker skips what is settled). Then single acks for acked tags behind an unsettled one (a
- * held or still-running delivery must not hold the others' acks back); released ones there wait.
- * Few commands matter: RabbitMQ forwards a channel's settlements to a quorum queue about 32 at a
- * time, and a channel that closes drops the rest (its deliveries then come back as returned,
- * which 4.3 counts toward the delivery limit). */
-static void flush_acks(broker_session *s)
+ * the broker skips what is settled). Then single acks for acked tags behind an unsettled one,
+ * when send_acks_behind_now says (a held or still-running delivery must not hold the others'
+ * acks back for long); released ones there wait. Few commands matter: RabbitMQ forwards a
+ * channel's settlements to a quorum queue about 32 at a time, and a channel that closes drops
+ * the rest (its deliveries then come back as returned, which 4.3 counts toward the delivery
+ * limit). */
+static void flush_acks(broker_session *s, bool stopping)
 {
     tag_ring *r = &s->tags;
     while (r->count && tag_at(r, 0)->state != TAG_OPEN && s->conn) {
@@ -786,6 +818,7 @@ static void flush_acks(broker_session *s)
             }
             r->head = (r->head + 1) % r->capacity;
             r->count--;
+            s->acks_behind_since_ms = 0; /* the head moved: what is behind it waits afresh */
         }
         int rc = AMQP_STATUS_OK;
         if (run == TAG_ACKED)
@@ -797,6 +830,8 @@ static void flush_acks(broker_session *s)
             return;
         }
     }
+    if (!s->conn || !send_acks_behind_now(s, stopping))
+        return;
     size_t gone = 0;
     for (size_t i = 0; i < r->count && s->conn; i++) {
         tag_entry *e = tag_at(r, i);
@@ -847,7 +882,7 @@ static void run_commands(broker_session *s)
         c = next;
     }
     if (s->conn)
-        flush_acks(s);
+        flush_acks(s, s->stop);
 }
 
 /* The liveness probe: basic.qos with the prefetch already in force changes nothing, needs no
@@ -1008,6 +1043,11 @@ static void wait_for_work(broker_session *s, int timeout_ms)
 {
     struct pollfd fds[2] = {{.fd = s->wake_fd, .events = POLLIN}};
     nfds_t n = 1;
+    if (s->acks_behind_due_ms) {
+        int64_t left = s->acks_behind_due_ms - monotonic_ms();
+        if (left < timeout_ms)
+            timeout_ms = left > 0 ? (int)left : 0;
+    }
     if (s->conn) {
         if (amqp_frames_enqueued(s->conn) || amqp_data_in_buffer(s->conn))
             timeout_ms = 0;

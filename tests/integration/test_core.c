@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "freeze_proxy.h"
@@ -1141,4 +1142,66 @@ Test(core, a_first_login_without_tls_works_with_the_servers_default_authenticati
                                   "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"));
     cr_assert_eq(stop_idemq(pid, SIGTERM), 0);
     harness_sql(&H, "DROP USER '%s'@'%%'", user);
+}
+
+/* The acks of deliveries that committed after one still waiting (its row locked by another
+ * session) go out while it waits: the broker thread holds them back a moment for one
+ * basic.ack(multiple) (broker/session.c flush_acks), never until the first delivery ends. Held
+ * for good, they would stay unacked, and a crash would bring every one of them back. */
+Test(core, acks_behind_a_delivery_waiting_on_a_lock_are_sent_while_it_waits, .timeout = 120)
+{
+    enum { AFTER = 20 };
+    harness_options opts = {.workers = 2, .prefetch = 200};
+    setup("acks_behind", &opts);
+    /* One message a transaction, so that only the locked order's delivery waits. */
+    FILE *f = fopen(H.config_path, "r");
+    cr_assert(f);
+    char config[8192];
+    size_t len = fread(config, 1, sizeof config - 1, f);
+    fclose(f);
+    config[len] = '\0';
+    char *workers = strstr(config, "workers: 2}");
+    cr_assert(workers, "no \"workers: 2}\" in %s", H.config_path);
+    f = fopen(H.config_path, "w");
+    cr_assert(f);
+    fprintf(f, "%.*sworkers: 2, batch: 1}%s", (int)(workers - config), config,
+            workers + strlen("workers: 2}"));
+    fclose(f);
+
+    harness_insert_orders(&H, "w", 1, "PAYING");
+    harness_insert_orders(&H, "a", AFTER, "PAYING");
+    MYSQL *locker = harness_db_open(&H);
+    cr_assert(mysql_query(locker, "BEGIN") == 0, "%s", mysql_error(locker));
+    cr_assert(mysql_query(locker, "SELECT * FROM orders WHERE order_id = 'w0' FOR UPDATE") == 0,
+              "%s", mysql_error(locker));
+    mysql_free_result(mysql_store_result(locker));
+    pid_t pid = start_idemq(NULL);
+    harness_publish_payments(&H, "w", 1); /* first: the oldest delivery, the one that waits */
+    harness_publish_payments(&H, "a", AFTER);
+    cr_assert(harness_wait_scalar(&H, AFTER, DEADLINE_MS,
+                                  "SELECT COUNT(*) FROM orders WHERE order_id LIKE 'a%%' AND "
+                                  "status = 'PAID'"),
+              "the events after the waiting one were not applied");
+
+    long messages = -1, unacked = -1;
+    int64_t deadline = harness_now_ms() + 10000;
+    while (harness_broker_queue_stats(H.queue, &messages, &unacked) &&
+           (messages != 1 || unacked != 1) && harness_now_ms() < deadline) {
+        struct timespec pause = {.tv_nsec = 100 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    cr_expect_eq(unacked, 1, "%ld deliveries unacked while only w0 waits (%ld in the queue)",
+                 unacked, messages);
+    cr_expect_eq(messages, 1, "%ld messages in the queue while only w0 waits", messages);
+    cr_expect_eq(harness_scalar(&H, "SELECT COUNT(*) FROM orders WHERE order_id = 'w0' AND "
+                                    "status = 'PAID'"),
+                 0, "w0 was applied through the lock");
+
+    mysql_close(locker); /* rolls back: w0's transaction goes on */
+    cr_assert(harness_wait_scalar(&H, 1, DEADLINE_MS,
+                                  "SELECT COUNT(*) FROM orders WHERE order_id = 'w0' AND "
+                                  "status = 'PAID'"));
+    summary s = drain_and_stop(pid);
+    cr_expect_eq(s.processed, AFTER + 1);
+    cr_expect_eq(s.deduped, 0);
 }
