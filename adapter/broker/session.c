@@ -122,6 +122,7 @@ typedef struct consumer_subscription {
 typedef struct tag_ring {
     tag_entry *entries;
     size_t capacity, head, count;
+    size_t acked; /* entries in TAG_ACKED: flush_acks decides on it without a scan */
 } tag_ring;
 
 struct broker_session {
@@ -318,7 +319,7 @@ static tag_entry *tag_find(tag_ring *r, uint64_t tag)
 
 static void tag_clear(tag_ring *r)
 {
-    r->head = r->count = 0;
+    r->head = r->count = r->acked = 0;
 }
 
 /* Drops settled entries behind an unsettled head: a delivery that stays open for long (a slow
@@ -760,6 +761,7 @@ static void settle_tag(broker_session *s, uint64_t generation, uint64_t tag, com
         return;
     if (kind == CMD_ACK || kind == CMD_RELEASE) {
         e->state = kind == CMD_ACK ? TAG_ACKED : TAG_RELEASED; /* sent by flush_acks, coalesced */
+        s->tags.acked += kind == CMD_ACK;
         return;
     }
     e->state = TAG_GONE;
@@ -778,10 +780,7 @@ static void settle_tag(broker_session *s, uint64_t generation, uint64_t tag, com
  * a command for the broker. */
 static bool send_acks_behind_now(broker_session *s, bool stopping)
 {
-    tag_ring *r = &s->tags;
-    size_t acked = 0;
-    for (size_t i = 0; i < r->count; i++)
-        acked += tag_at(r, i)->state == TAG_ACKED;
+    size_t acked = s->tags.acked;
     int64_t now = monotonic_ms();
     if (acked && !s->acks_behind_since_ms)
         s->acks_behind_since_ms = now;
@@ -816,6 +815,7 @@ static void flush_acks(broker_session *s, bool stopping)
                 run = e->state;
                 last = e->tag;
             }
+            r->acked -= e->state == TAG_ACKED;
             r->head = (r->head + 1) % r->capacity;
             r->count--;
             s->acks_behind_since_ms = 0; /* the head moved: what is behind it waits afresh */
@@ -840,6 +840,7 @@ static void flush_acks(broker_session *s, bool stopping)
         if (e->state != TAG_ACKED)
             continue;
         e->state = TAG_GONE;
+        r->acked--;
         gone++;
         int rc = amqp_basic_ack(s->conn, BROKER_CHANNEL, e->tag, 0);
         if (rc != AMQP_STATUS_OK)
