@@ -69,12 +69,7 @@ int rotation_analyze(MYSQL *db, const char *table, char *err, size_t err_len)
 {
     char sql[96];
     snprintf(sql, sizeof sql, "ANALYZE TABLE %s", table);
-    if (mysql_query(db, sql) != 0) {
-        snprintf(err, err_len, "analyzing %s failed: %s (error %u)", table, mysql_error(db),
-                 mysql_errno(db));
-        return -1;
-    }
-    MYSQL_RES *res = mysql_store_result(db);
+    MYSQL_RES *res = mysql_query(db, sql) == 0 ? mysql_store_result(db) : NULL;
     if (!res) {
         snprintf(err, err_len, "analyzing %s failed: %s (error %u)", table, mysql_error(db),
                  mysql_errno(db));
