@@ -91,7 +91,7 @@ Test(consumer_cancel, a_consumer_timeout_cancels_and_idemq_subscribes_again, .ti
     cr_assert(harness_wait_scalar(&H, TIMEOUT_EVENTS, 60000,
                                   "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"),
               "not every event was applied after the cancel (log: %s)", H.log_path);
-    cr_assert(harness_wait_queue_depth(&H, H.queue, 0, 30000),
+    cr_assert(harness_wait_queue_settled(&H, H.queue, 30000),
               "the returned deliveries were not all settled");
     char sample[200];
     snprintf(sample, sizeof sample, "idemq_consumer_cancels_total{queue=\"%s\"}", H.queue);

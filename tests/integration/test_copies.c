@@ -52,20 +52,6 @@ static const char slow_failing_handler[] =
     "        - sql: \"UPDATE orders SET status = 'SEEN' WHERE order_id = :order_id\"\n"
     "          expect_rows: 1\n";
 
-typedef struct settled_wait {
-    const char *queue;
-    long messages, unacked;
-} settled_wait;
-
-static bool work_queue_settled(harness *h, void *arg)
-{
-    (void)h;
-    settled_wait *w = arg;
-    w->messages = w->unacked = -1;
-    return harness_broker_queue_stats(w->queue, &w->messages, &w->unacked) && w->messages == 0 &&
-           w->unacked == 0;
-}
-
 typedef struct depth_wait {
     const char *queue;
     long expected, last;
@@ -133,9 +119,7 @@ Test(copies, a_reconnect_while_failures_are_pending_makes_exactly_one_copy_each,
               "idemq did not finish the redeliveries' failures");
     cr_assert(harness_wait_log(&H, STALE_LINE, FAILURES, 60000),
               "idemq did not finish the first connection's failures");
-    settled_wait s = {.queue = H.queue};
-    cr_assert(harness_wait_for(work_queue_settled, &H, &s, 30000),
-              "the work queue still holds %ld message(s), %ld unacked", s.messages, s.unacked);
+    cr_assert(harness_wait_queue_settled(&H, H.queue, 30000), "the work queue did not settle");
     /* Stopping settles the question "could a late copy still come": after exit nothing can. */
     harness_stop_idemq(&daemon_pid);
 

@@ -278,7 +278,7 @@ Test(db_nodes, a_frozen_node_under_load_is_left_for_the_next_and_each_message_ap
                 (long long)(moved_at - frozen_at), (long long)(harness_now_ms() - frozen_at));
 
     cr_assert(harness_wait_scalar(&F.h, ORDERS, 120000, "SELECT COUNT(*) FROM msg_dedup"));
-    cr_assert(harness_wait_queue_depth(&F.h, F.h.queue, 0, 60000));
+    cr_assert(harness_wait_queue_settled(&F.h, F.h.queue, 60000), "the work queue did not settle");
     cr_assert_eq(harness_scalar(&F.h, "SELECT COUNT(*) FROM orders WHERE status = 'PAID'"), ORDERS);
     cr_assert_eq(harness_queue_depth_of(&F.h, ".dlq"), 0, "a message was dead-lettered");
     harness_stop_idemq(&F.daemon);

@@ -1364,6 +1364,30 @@ bool harness_broker_queue_stats(const char *queue, long *messages, long *unacked
     return found;
 }
 
+typedef struct settled_wait {
+    const char *queue;
+    long messages, unacked;
+} settled_wait;
+
+static bool queue_settled(harness *h, void *arg)
+{
+    (void)h;
+    settled_wait *w = arg;
+    w->messages = w->unacked = -1;
+    return harness_broker_queue_stats(w->queue, &w->messages, &w->unacked) && w->messages == 0 &&
+           w->unacked == 0;
+}
+
+bool harness_wait_queue_settled(harness *h, const char *queue, int timeout_ms)
+{
+    settled_wait w = {.queue = queue};
+    bool ok = harness_wait_for(queue_settled, h, &w, timeout_ms);
+    if (!ok)
+        cr_log_error("waited %d ms for %s to settle; it holds %ld message(s), %ld unacked",
+                     timeout_ms, queue, w.messages, w.unacked);
+    return ok;
+}
+
 long harness_broker_messages_under(const char *prefix, int *queues)
 {
     const char *script = services_script();

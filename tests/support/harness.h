@@ -393,6 +393,12 @@ bool harness_close_amqp_connection_of(pid_t pid, const char *reason);
  * `rabbitmqctl list_queues`; false when the queue is not listed. */
 bool harness_broker_queue_stats(const char *queue, long *messages, long *unacked);
 
+/* Waits up to timeout_ms until the broker lists queue (borrowed) with nothing ready and nothing
+ * unacked: every delivery was settled, so the consumer has counted it (a ready count of 0 alone
+ * leaves the deliveries the consumer holds, which a stop gives back uncounted). On timeout logs
+ * what the queue holds and returns false: the caller asserts. */
+bool harness_wait_queue_settled(harness *h, const char *queue, int timeout_ms);
+
 /* Sum of `messages` (ready + unacked) over every queue whose name starts with prefix
  * (borrowed); *queues (unless NULL) gets how many queues matched. */
 long harness_broker_messages_under(const char *prefix, int *queues);
