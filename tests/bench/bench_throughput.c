@@ -368,7 +368,14 @@ static double run_shared_ceiling(bench_shape shape)
 /* ------------------------------------------------------------------------------------- idemq */
 
 static char config_path[64];
-static int http_port; /* idemq's /metrics port when the run waits for every settlement; 0: any */
+static int http_port; /* the /metrics port of the idemq that write_config writes for */
+
+/* How many idemq processes run_idemq starts on the one queue (--instances), and each one's
+ * /metrics port and config file. */
+#define MAX_INSTANCES 8
+static int instance_count = 1;
+static int instance_ports[MAX_INSTANCES];
+static char instance_configs[MAX_INSTANCES][64];
 
 /* A port free now on 127.0.0.1 (the kernel's pick; a bench, not a test, can take the race). */
 static int free_port(void)
@@ -383,23 +390,23 @@ static int free_port(void)
     return ntohs(a.sin_port);
 }
 
-/* The messages idemq has settled (the sum of idemq_messages_total over its outcomes), from its
- * /metrics; -1 while it does not answer. */
-static long long settled_count(void)
+/* The /metrics text of the idemq listening on port (owned, NUL-terminated); NULL while it does
+ * not answer. */
+static char *scrape(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)http_port),
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         if (fd >= 0)
             close(fd);
-        return -1;
+        return NULL;
     }
     static const char request[] = "GET /metrics HTTP/1.0\r\n\r\n";
     if (write(fd, request, sizeof request - 1) != (ssize_t)(sizeof request - 1)) {
         close(fd);
-        return -1;
+        return NULL;
     }
     size_t cap = 1 << 16, used = 0;
     char *body = malloc(cap);
@@ -413,23 +420,67 @@ static long long settled_count(void)
     if (!body)
         die("metrics", "out of memory");
     body[used] = '\0';
-    long long total = 0;
+    return body;
+}
+
+/* The messages the idemq on port has settled for good (idemq_messages_total over its final
+ * outcomes: a retried or requeued message is counted again when it comes back), and the outbox
+ * rows it published (each marked or deleted once its confirm came); -1 while it does not
+ * answer. */
+typedef struct settled_counts {
+    long long messages, published;
+} settled_counts;
+
+static settled_counts settled_of(int port)
+{
+    settled_counts c = {-1, -1};
+    char *body = scrape(port);
+    if (!body)
+        return c;
+    c.messages = c.published = 0;
     static const char sample[] = "\nidemq_messages_total{";
     for (char *p = strstr(body, sample); p; p = strstr(p + 1, sample)) {
         char *value = strchr(p, '}');
-        if (value)
-            total += strtoll(value + 1, NULL, 10);
+        char *outcome = strstr(p, "outcome=\"");
+        if (!value || (outcome && outcome < value &&
+                       (strncmp(outcome + 9, "retried\"", 8) == 0 ||
+                        strncmp(outcome + 9, "requeued\"", 9) == 0)))
+            continue;
+        c.messages += strtoll(value + 1, NULL, 10);
     }
+    static const char published[] = "\nidemq_outbox_published_total ";
+    char *p = strstr(body, published);
+    if (p)
+        c.published = strtoll(p + sizeof published - 1, NULL, 10);
     free(body);
+    return c;
+}
+
+/* The sum of settled_of over the instances of the run; -1s while one does not answer. */
+static settled_counts settled_count(void)
+{
+    settled_counts total = {0, 0};
+    for (int k = 0; k < instance_count; k++) {
+        settled_counts c = settled_of(instance_ports[k]);
+        if (c.messages < 0)
+            return c;
+        total.messages += c.messages;
+        total.published += c.published;
+    }
     return total;
 }
 
-/* Waits until idemq has settled expected messages: the drain's true end, when duplicates arrive
- * after the last new key's dedup row. */
-static void wait_settled(long long expected, double deadline_s)
+/* Waits until the run's idemq processes have settled `settled` messages and published
+ * `published` outbox rows. Read from their /metrics every 5 ms rather than from the database:
+ * a COUNT(*) over the rows a run wrote, every 5 ms, was the database's work during idemq's runs
+ * and not during the ceilings'. */
+static void wait_settled(long long settled, long long published, double deadline_s)
 {
     double start = now_s();
-    while (settled_count() < expected) {
+    for (;;) {
+        settled_counts c = settled_count();
+        if (c.messages >= settled && c.published >= published)
+            return;
         struct timespec pause = {.tv_nsec = 5 * 1000000};
         nanosleep(&pause, NULL);
         if (now_s() - start > deadline_s)
@@ -508,6 +559,34 @@ static pid_t spawn_idemq(void)
     return spawn_idemq_command("run");
 }
 
+/* Writes a config for each of the run's instance_count idemq processes: the same but for its
+ * /metrics port. */
+static void write_instance_configs(int run_batch, bool emit)
+{
+    for (int k = 0; k < instance_count; k++) {
+        instance_ports[k] = http_port = free_port();
+        write_config(run_batch, emit);
+        snprintf(instance_configs[k], sizeof instance_configs[k], "%s", config_path);
+    }
+}
+
+static void spawn_instances(pid_t *pids)
+{
+    for (int k = 0; k < instance_count; k++) {
+        snprintf(config_path, sizeof config_path, "%s", instance_configs[k]);
+        pids[k] = spawn_idemq();
+    }
+}
+
+static void stop_instances(const pid_t *pids)
+{
+    for (int k = 0; k < instance_count; k++) {
+        kill(pids[k], SIGTERM);
+        waitpid(pids[k], NULL, 0);
+        unlink(instance_configs[k]);
+    }
+}
+
 /* Peak resident set of pid (VmHWM), in MiB. */
 static double peak_rss_mib(pid_t pid)
 {
@@ -542,6 +621,16 @@ static void wait_rows(MYSQL *db, const char *sql, long long expected, double dea
         nanosleep(&pause, NULL);
         if (now_s() - start > deadline_s)
             die("idemq", "did not finish in time");
+    }
+}
+
+/* What the run left in the tables is what its /metrics said: sql on db gives expected. */
+static void expect_rows(MYSQL *db, const char *sql, long long expected, const char *what)
+{
+    long long got = scalar(db, sql);
+    if (got != expected) {
+        fprintf(stderr, "bench: %s: %lld, expected %lld (%s)\n", what, got, expected, sql);
+        exit(1);
     }
 }
 
@@ -680,12 +769,14 @@ static double live_rate(MYSQL *db)
     latency_run lr = {.prefix = 'm', .count = workload.count, .rate = 1e9, .sample_every = 1};
     lr.published = calloc((size_t)workload.orders, sizeof *lr.published);
     atomic_init(&lr.published_count, 0);
-    long long before = scalar(db, bench_dedup_count_sql());
+    settled_counts before = settled_count();
     uv_thread_t publisher;
     double start = now_s();
     uv_thread_create(&publisher, publisher_main, &lr);
-    wait_rows(db, bench_dedup_count_sql(), before + workload.orders, 600);
+    wait_settled(before.messages + workload.count, 0, 600);
     double rate = workload.count / (now_s() - start);
+    expect_rows(db, "SELECT COUNT(*) FROM orders WHERE order_id LIKE 'm%' AND status = 'PAID'",
+                workload.orders, "live orders paid once settled");
     uv_thread_join(&publisher);
     free(lr.published);
     return rate;
@@ -706,33 +797,32 @@ static double run_idemq_emitting(int run_batch, bool deleting)
     fresh_queue(conn, QUEUE_EMITTED);
     preload(QUEUE_IDEMQ);
     outbox_options = deleting ? OUTBOX_DELETING : "";
-    write_config(run_batch, true);
+    write_instance_configs(run_batch, true);
     outbox_options = "";
     cpu_use before = cpu_now(0);
     double start = now_s();
-    pid_t pid = spawn_idemq();
-    wait_rows(db, bench_dedup_count_sql(), workload.orders, 600);
-    if (deleting) {
-        /* Every row was inserted with its event's dedup row: none left is all relayed. */
-        wait_rows(db, "SELECT COUNT(*) = 0 FROM idemq_outbox", 1, 600);
-    } else {
+    pid_t pid[MAX_INSTANCES];
+    spawn_instances(pid);
+    wait_settled(workload.count, 0, 600);
+    if (!deleting)
         emit_committed_rate = workload.count / (now_s() - start);
-        wait_rows(db, "SELECT COUNT(*) FROM idemq_outbox WHERE state = 1", workload.orders, 600);
-    }
+    wait_settled(workload.count, workload.orders, 600);
     double rate = workload.count / (now_s() - start);
-    *(deleting ? &cpu_emit_deleting : &cpu_emit) = cpu_since(before, pid);
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
-    unlink(config_path);
+    *(deleting ? &cpu_emit_deleting : &cpu_emit) = cpu_since(before, pid[0]);
+    stop_instances(pid);
+    /* What /metrics counted is in the tables: every row relayed (deleted at its confirm, or
+     * marked published). */
+    expect_rows(db,
+                deleting ? "SELECT COUNT(*) FROM idemq_outbox"
+                         : "SELECT COUNT(*) FROM idemq_outbox WHERE state <> 1",
+                0, "outbox rows not relayed once /metrics counted them all");
+    expect_rows(db, bench_dedup_count_sql(), workload.orders, "dedup rows once settled");
     amqp_queue_delete(conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_EMITTED), 0, 0);
     amqp_get_rpc_reply(conn);
     broker_close(conn);
     mysql_close(db);
     return rate;
 }
-
-/* How many idemq processes run_idemq starts on the one queue (--instances). */
-static int instance_count = 1;
 
 static idemq_result run_idemq(int run_batch, bool latency)
 {
@@ -747,22 +837,23 @@ static idemq_result run_idemq(int run_batch, bool latency)
         bench_insert_orders(db, 'h', workload.orders);
     }
     preload(QUEUE_IDEMQ);
-    write_config(run_batch, false);
+    write_instance_configs(run_batch, false);
     cpu_use before = cpu_now(0);
     double start = now_s();
-    pid_t pid = spawn_idemq(), others[8];
-    for (int k = 1; k < instance_count; k++)
-        others[k] = spawn_idemq();
-    wait_rows(db, bench_dedup_count_sql(), workload.orders, 600);
-    if (http_port)
-        wait_settled(workload.count, 600);
+    pid_t pids[MAX_INSTANCES];
+    spawn_instances(pids);
+    wait_settled(workload.count, 0, 600);
     r.rate = workload.count / (now_s() - start);
+    pid_t pid = pids[0];
     if (run_batch == batch && instance_count == 1)
         cpu_batched = cpu_since(before, pid);
     r.rss_mib = peak_rss_mib(pid);
+    /* Every message settled: its dedup row is committed (idemq acks after the COMMIT). */
+    expect_rows(db, bench_dedup_count_sql(), workload.orders, "dedup rows once settled");
     for (int k = 1; k < instance_count; k++) {
-        kill(others[k], SIGTERM);
-        waitpid(others[k], NULL, 0);
+        kill(pids[k], SIGTERM);
+        waitpid(pids[k], NULL, 0);
+        unlink(instance_configs[k]);
     }
     if (latency) {
         r.light = (latency_run){
@@ -784,7 +875,7 @@ static idemq_result run_idemq(int run_batch, bool latency)
     long long expected = latency ? 2 * workload.orders : workload.orders;
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
-    unlink(config_path);
+    unlink(instance_configs[0]);
     if (paid < expected)
         die("idemq", "fewer orders paid than events sent");
     mysql_close(db);
@@ -882,7 +973,6 @@ static int run_flood(void)
     fflush(stdout);
     double broker[50], broker_batched[50], all_distinct[50], stormed[50], resent[50];
     for (int r = 0; r < runs; r++) {
-        http_port = free_port();
         workload = distinct;
         broker[r] = run_broker_baseline();
         broker_batched[r] = run_broker_batched_acks();
@@ -1042,7 +1132,7 @@ static retention_run run_retention_case(int c)
     preload(QUEUE_RETENTION);
     dedup_options = retention_cases[c].dedup;
     run_log = log_path;
-    write_config(batch, false);
+    write_instance_configs(batch, false);
     pid_t pid = spawn_idemq_command("migrate");
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         die("idemq migrate failed, see", log_path);
@@ -1051,7 +1141,7 @@ static retention_run run_retention_case(int c)
     static const char paid_sql[] = "SELECT COUNT(*) FROM orders WHERE status = 'PAID'";
     double start = now_s();
     pid = spawn_idemq();
-    wait_settled(workload.count, 600);
+    wait_settled(workload.count, 0, 600);
     double end = now_s();
     /* /metrics counts a retried message (a deadlock with a rotation's rename) when it is
      * retried as well as when it is applied: the run ends when every order is paid. */
@@ -1086,7 +1176,6 @@ static int run_retention(void)
            workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
            batch, server_name, sysconf(_SC_NPROCESSORS_ONLN), RETENTION_S);
     fflush(stdout);
-    http_port = free_port();
     idemq_database = RETENTION_DATABASE;
     idemq_queue = QUEUE_RETENTION;
     retention_run all[RETENTION_CASES][50];
@@ -1158,7 +1247,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--instances") && i + 1 < argc) {
             for (char *p = argv[++i], *end; *p && instance_rows < MAX_WINDOWS; p = end) {
                 long k = strtol(p, &end, 10);
-                if (end == p || (*end && *end != ',') || k < 1 || k > 8)
+                if (end == p || (*end && *end != ',') || k < 1 || k > MAX_INSTANCES)
                     usage();
                 instance_counts[instance_rows++] = (int)k;
                 end += *end == ',';
