@@ -325,6 +325,7 @@ typedef struct run_state {
     bench_shape shape;
     int batch;
     atomic_int cursor;
+    const bench_db_follow *follow; /* NULL: the threads take events as fast as they go */
 } run_state;
 
 typedef struct worker {
@@ -717,6 +718,8 @@ static void worker_main(void *arg)
         if (begin >= r->w->count)
             break;
         volatile int n = begin + r->batch > r->w->count ? r->w->count - begin : r->batch;
+        if (r->follow)
+            r->follow->wait_delivered(r->follow->arg, begin + n);
         for (int i = 0; i < n; i++) {
             msg *m = &wk->msgs[i];
             const bench_event *e = &r->w->events[begin + i];
@@ -731,6 +734,8 @@ static void worker_main(void *arg)
         qsort(wk->sorted, (size_t)n, sizeof *wk->sorted, by_key);
         setjmp(wk->restart);
         apply_batch(wk, n);
+        if (r->follow)
+            r->follow->committed(r->follow->arg, begin, n);
     }
     mysql_stmt_close(wk->insert);
     mysql_stmt_close(wk->update);
@@ -766,14 +771,30 @@ double bench_db_run(const db_dsn *dsn, const bench_workload *w, bench_shape shap
     return bench_db_run_reset(dsn, w, shape, workers, batch, NULL, NULL);
 }
 
+static double run_checked(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
+                          int workers, int batch, const bench_db_follow *follow);
+
 double bench_db_run_reset(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
                           int workers, int batch, void (*at_start)(void *), void *arg)
 {
-    if (batch < 1 || batch > MAX_BATCH || workers < 1 || workers > 64)
-        die("bench_db_run", "batch 1..1024, workers 1..64");
     if (at_start)
         at_start(arg);
-    run_state r = {.dsn = dsn, .w = w, .shape = shape, .batch = batch};
+    return run_checked(dsn, w, shape, workers, batch, NULL);
+}
+
+double bench_db_run_following(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
+                              int workers, int batch, const bench_db_follow *follow)
+{
+    return run_checked(dsn, w, shape, workers, batch, follow);
+}
+
+/* The workers' run and its check (bench_db_run_reset's contract). */
+static double run_checked(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
+                          int workers, int batch, const bench_db_follow *follow)
+{
+    if (batch < 1 || batch > MAX_BATCH || workers < 1 || workers > 64)
+        die("bench_db_run", "batch 1..1024, workers 1..64");
+    run_state r = {.dsn = dsn, .w = w, .shape = shape, .batch = batch, .follow = follow};
     atomic_init(&r.cursor, 0);
     worker *wk = calloc((size_t)workers, sizeof *wk);
     uv_thread_t threads[64];

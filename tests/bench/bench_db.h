@@ -101,4 +101,17 @@ double bench_db_run(const db_dsn *dsn, const bench_workload *w, bench_shape shap
 double bench_db_run_reset(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
                           int workers, int batch, void (*at_start)(void *), void *arg);
 
+/* A consumer that the database threads follow, as a consumer that acks after its commits is
+ * followed: before a batch of events [begin, end) a thread waits until wait_delivered(arg, end)
+ * returns (the consumer has received them), and after its COMMIT it calls committed(arg, begin,
+ * count) (the consumer may ack them now). Called on the database threads. */
+typedef struct bench_db_follow {
+    void (*wait_delivered)(void *arg, int end);
+    void (*committed)(void *arg, int begin, int count);
+    void *arg;
+} bench_db_follow;
+
+/* bench_db_run_reset whose threads follow follow (borrowed, NULL: none). */
+double bench_db_run_following(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
+                              int workers, int batch, const bench_db_follow *follow);
 #endif

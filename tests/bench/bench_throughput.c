@@ -43,11 +43,14 @@
  */
 #include "broker/amqp_api.h"
 #include <mysql.h>
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <arpa/inet.h>
@@ -362,6 +365,133 @@ static double run_shared_ceiling(bench_shape shape)
     amqp_queue_delete(load.conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), 0, 0);
     amqp_get_rpc_reply(load.conn);
     broker_close(load.conn);
+    return workload.count / elapsed;
+}
+
+/* The coupled ceiling: the shared ceiling's statements and consumer, but coupled as any
+ * consumer that acks after its commits is: a database thread takes a batch only once its
+ * messages were delivered, and the consumer acks (multiple, the contiguous prefix) only what
+ * was committed. What is left between it and idemq is idemq's own cost, not the coupling's. */
+typedef struct coupled_load {
+    amqp_connection_state_t conn; /* the consumer thread's */
+    uv_mutex_t lock;
+    uv_cond_t delivered_cond;
+    int delivered;          /* events received, in order (one queue, one consumer) */
+    uint64_t *tags;         /* per event: its delivery tag */
+    unsigned char *applied; /* per event: committed */
+    int committed_upto;     /* events [0, committed_upto) committed */
+    int commit_fd;          /* eventfd: committed_upto moved */
+} coupled_load;
+
+static void coupled_wait_delivered(void *arg, int end)
+{
+    coupled_load *l = arg;
+    uv_mutex_lock(&l->lock);
+    while (l->delivered < end)
+        uv_cond_wait(&l->delivered_cond, &l->lock);
+    uv_mutex_unlock(&l->lock);
+}
+
+static void coupled_committed(void *arg, int begin, int count)
+{
+    coupled_load *l = arg;
+    uv_mutex_lock(&l->lock);
+    memset(l->applied + begin, 1, (size_t)count);
+    int before = l->committed_upto;
+    while (l->committed_upto < workload.count && l->applied[l->committed_upto])
+        l->committed_upto++;
+    bool moved = l->committed_upto > before;
+    uv_mutex_unlock(&l->lock);
+    uint64_t one = 1;
+    if (moved && write(l->commit_fd, &one, sizeof one) != sizeof one)
+        die("coupled ceiling", "cannot wake the consumer");
+}
+
+/* The consumer: receives the workload and acks what the database threads committed, until
+ * every event is acked. It sleeps in poll(2) on the socket and on the threads' eventfd, so a
+ * commit is acked at once while the prefetch window is full and nothing arrives
+ * (amqp_consume_message's own timeout returned at once here, spinning). */
+static void coupled_consumer_main(void *arg)
+{
+    coupled_load *l = arg;
+    amqp_basic_consume(l->conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), amqp_empty_bytes, 0,
+                       0, 0, amqp_empty_table);
+    if (amqp_get_rpc_reply(l->conn).reply_type != AMQP_RESPONSE_NORMAL)
+        die("consume", QUEUE_RAW);
+    int received = 0, acked = 0;
+    while (acked < workload.count) {
+        bool buffered = amqp_frames_enqueued(l->conn) || amqp_data_in_buffer(l->conn);
+        struct pollfd fds[2] = {{.fd = amqp_get_sockfd(l->conn), .events = POLLIN},
+                                {.fd = l->commit_fd, .events = POLLIN}};
+        /* Once everything is received only commits matter. */
+        bool receiving = received < workload.count;
+        if (!buffered && poll(receiving ? fds : fds + 1, receiving ? 2 : 1, -1) < 0 &&
+            errno != EINTR)
+            die("poll", strerror(errno));
+        if (fds[1].revents & POLLIN) {
+            uint64_t count;
+            ssize_t ignored = read(l->commit_fd, &count, sizeof count);
+            (void)ignored;
+        }
+        if (receiving && (buffered || (fds[0].revents & POLLIN))) {
+            amqp_envelope_t env;
+            amqp_maybe_release_buffers(l->conn);
+            if (amqp_consume_message(l->conn, &env, NULL, 0).reply_type != AMQP_RESPONSE_NORMAL)
+                die("consume_message", QUEUE_RAW);
+            l->tags[received++] = env.delivery_tag;
+            amqp_destroy_envelope(&env);
+            /* The threads wait for whole batches (the cursor moves by batch): a wake-up per
+             * delivery would only make them check again. */
+            if (received % batch == 0 || received == workload.count) {
+                uv_mutex_lock(&l->lock);
+                l->delivered = received;
+                uv_cond_broadcast(&l->delivered_cond);
+                uv_mutex_unlock(&l->lock);
+            }
+        }
+        uv_mutex_lock(&l->lock);
+        int upto = l->committed_upto;
+        uv_mutex_unlock(&l->lock);
+        if (upto > acked) {
+            amqp_basic_ack(l->conn, BROKER_CHANNEL, l->tags[upto - 1], 1);
+            acked = upto;
+        }
+    }
+}
+
+static cpu_use cpu_coupled;
+
+static double run_coupled_ceiling(bench_shape shape)
+{
+    bench_db_reset(&dsn, &workload);
+    preload(QUEUE_RAW);
+    coupled_load load = {.conn = amqp_open(0, (unsigned)prefetch)};
+    load.tags = calloc((size_t)workload.count, sizeof *load.tags);
+    load.applied = calloc((size_t)workload.count, 1);
+    if (!load.tags || !load.applied)
+        die("coupled ceiling", "out of memory");
+    load.commit_fd = eventfd(0, EFD_CLOEXEC);
+    if (load.commit_fd < 0)
+        die("coupled ceiling", "eventfd failed");
+    uv_mutex_init(&load.lock);
+    uv_cond_init(&load.delivered_cond);
+    bench_db_follow follow = {coupled_wait_delivered, coupled_committed, &load};
+    cpu_use before = cpu_now(getpid());
+    double start = now_s();
+    uv_thread_t consumer;
+    uv_thread_create(&consumer, coupled_consumer_main, &load);
+    bench_db_run_following(&dsn, &workload, shape, workers, batch, &follow);
+    uv_thread_join(&consumer);
+    double elapsed = now_s() - start;
+    cpu_coupled = cpu_since(before, getpid());
+    amqp_queue_delete(load.conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), 0, 0);
+    amqp_get_rpc_reply(load.conn);
+    broker_close(load.conn);
+    uv_cond_destroy(&load.delivered_cond);
+    uv_mutex_destroy(&load.lock);
+    close(load.commit_fd);
+    free(load.tags);
+    free(load.applied);
     return workload.count / elapsed;
 }
 
@@ -1323,7 +1453,7 @@ int main(int argc, char **argv)
            workload.count, workload.orders, workload.count - workload.orders, workers, prefetch,
            batch, server_name, sysconf(_SC_NPROCESSORS_ONLN), dedup_rows);
     double broker[50], db_one[50], db_batched[50], idemq_one[50], idemq_batched[50], idemq_emit[50],
-        idemq_emit_deleting[50], shared[50], confirms_rounds[50], confirms_overlap[50],
+        idemq_emit_deleting[50], shared[50], coupled[50], confirms_rounds[50], confirms_overlap[50],
         emit_bound[50];
     idemq_result last = {0};
     double rss_one = 0;
@@ -1332,6 +1462,9 @@ int main(int argc, char **argv)
         db_one[r] = bench_db_run(&dsn, &workload, BENCH_SHAPE_PER_MESSAGE, workers, 1);
         db_batched[r] = bench_db_run(&dsn, &workload, batched, workers, batch);
         shared[r] = run_shared_ceiling(batched);
+        /* Below one batch of prefetch, its threads would wait for deliveries the unacked window
+         * holds back. */
+        coupled[r] = prefetch == 0 || prefetch >= batch ? run_coupled_ceiling(batched) : 0;
         idemq_result one = run_idemq(1, false);
         idemq_one[r] = one.rate;
         rss_one = one.rss_mib;
@@ -1353,7 +1486,7 @@ int main(int argc, char **argv)
     }
     double b = median(broker, runs), d1 = median(db_one, runs), db = median(db_batched, runs),
            i1 = median(idemq_one, runs), ib = median(idemq_batched, runs),
-           ie = median(idemq_emit, runs), sh = median(shared, runs);
+           ie = median(idemq_emit, runs), sh = median(shared, runs), co = median(coupled, runs);
     const char *m = runs > 1 ? "median " : "";
     printf("broker   raw consume + ack (prefetch %d)            %s%7.0f msg/s\n", prefetch, m, b);
     printf("db       one transaction per message               %s%7.0f msg/s   idemq's statements "
@@ -1367,13 +1500,16 @@ int main(int argc, char **argv)
     printf("shared   batched db + broker consume/ack at once   %s%7.0f msg/s   idemq's batched "
            "statements while the broker carries the same messages: no idemq\n",
            m, sh);
+    printf("coupled  the same, acks after the commits          %s%7.0f msg/s   a batch taken once "
+           "delivered, acked once committed, as by a consumer that costs nothing\n",
+           m, co);
     printf("idemq    mysql.batch 1                             %s%7.0f msg/s   peak RSS %.1f MiB\n",
            m, i1, rss_one);
     printf("idemq    mysql.batch %-4d                          %s%7.0f msg/s   peak RSS %.1f MiB "
            "(prefetch %d)\n",
            batch, m, ib, last.rss_mib, prefetch);
     if (with_emit) {
-        double cr = median(confirms_rounds, runs), co = median(confirms_overlap, runs),
+        double cr = median(confirms_rounds, runs), cov = median(confirms_overlap, runs),
                eb = median(emit_bound, runs);
         printf(
             "idemq    mysql.batch %-4d, one emit each           %s%7.0f msg/s   = %.2f × without; "
@@ -1391,7 +1527,7 @@ int main(int argc, char **argv)
         printf(
             "broker   publish + confirm, rounds overlapped      %s%7.0f msg/s   = %.2f × rounds; "
             "the next round published before the last one's confirms\n",
-            m, co, co / cr);
+            m, cov, cov / cr);
         printf("broker   consume/ack + publish/confirm at once     %s%7.0f msg/s   the emit run's "
                "broker work, no idemq, no database: one emit each / this = %.2f\n",
                m, eb, ie / eb);
@@ -1409,13 +1545,16 @@ int main(int argc, char **argv)
            last.heavy.samples, last.heavy.count);
     printf("ratios   batch %d / batch 1 = %.2f (target >= 2.5); batch %d / batched db ceiling = "
            "%.2f (target >= 0.6);\n         batch %d / shared ceiling = %.2f; batch 1 / "
-           "per-message db ceiling = %.2f; batch %d / raw broker = %.2f\n",
-           batch, ib / i1, batch, ib / db, batch, ib / sh, i1 / d1, batch, ib / b);
+           "per-message db ceiling = %.2f; batch %d / raw broker = %.2f\n"
+           "         batch %d / coupled ceiling = %.2f; coupled / shared ceiling = %.2f\n",
+           batch, ib / i1, batch, ib / db, batch, ib / sh, i1 / d1, batch, ib / b, batch,
+           co ? ib / co : 0, co / sh);
     if (broker_pid && db_pid) {
         printf("cpu      per message, last run (user + system CPU of each process while it ran):\n");
         char what[64];
         snprintf(what, sizeof what, "mysql.batch %d:", batch);
         print_cpu("shared ceiling:", "bench", cpu_shared);
+        print_cpu("coupled ceiling:", "bench", cpu_coupled);
         print_cpu(what, "idemq", cpu_batched);
         if (with_emit) {
             print_cpu("one emit each:", "idemq", cpu_emit);
