@@ -42,6 +42,12 @@
 /* Acks behind an open delivery wait this long for it (flush_acks): a batch in flight at the head
  * usually commits within it, and one basic.ack(multiple) then settles everything behind it. */
 #define ACKS_BEHIND_WAIT_MS 50
+/* Acks at the head of the ring wait this long for others to join their basic.ack(multiple): the
+ * loop settles a batch message by message, and the thread, woken by the first, took a few at a
+ * time (8,496 ack frames for about 55,000 messages at batch 32 in a bench run, where a consumer
+ * acking each committed batch sends one per batch). Each frame is work for the broker's channel
+ * and queue: it used 28 µs of CPU a message under idemq against 11.5 under such a consumer. */
+#define ACKS_GATHER_MS 2
 
 /* Jitter keeps a fleet of instances from reconnecting in lock-step after a broker restart. The cap
  * bounds how long consumption stays off after the broker is back: at 30 s (45 with the jitter)
@@ -177,6 +183,8 @@ struct broker_session {
     tag_ring tags;
     int64_t acks_behind_since_ms;   /* 0, or since when flush_acks holds acks back */
     int64_t acks_behind_due_ms;     /* 0, or when it sends them (the thread wakes for it) */
+    int64_t head_acks_since_ms;     /* 0, or since when acks at the head gather (flush_acks) */
+    int64_t head_acks_due_ms;       /* 0, or when they go out (the thread wakes for it) */
     command *held_head, *held_tail; /* publishes waiting for connection.unblocked */
 };
 
@@ -368,6 +376,7 @@ static void drop_connection(broker_session *s, bool polite)
     s->probe_sent_ms = 0;
     tag_clear(&s->tags);
     s->acks_behind_since_ms = s->acks_behind_due_ms = 0;
+    s->head_acks_since_ms = s->head_acks_due_ms = 0;
     broker_assembly_reset(&s->assembly);
     fail_held_publishes(s);
     broker_confirms_fail_all(&s->confirms);
@@ -792,6 +801,28 @@ static bool send_acks_behind_now(broker_session *s, bool stopping)
     return acked && now_or_never;
 }
 
+/* Whether the settled tags at the head of the ring go out now: at once unless the first is an
+ * ack, which waits up to ACKS_GATHER_MS for the acks after it (less when they fill half the
+ * prefetch window, none when the session stops); otherwise the thread's wake-up is set for it. */
+static bool head_settlements_due(broker_session *s, bool stopping)
+{
+    tag_ring *r = &s->tags;
+    if (!r->count || tag_at(r, 0)->state != TAG_ACKED) {
+        s->head_acks_since_ms = s->head_acks_due_ms = 0;
+        return true;
+    }
+    int64_t now = monotonic_ms();
+    if (!s->head_acks_since_ms)
+        s->head_acks_since_ms = now;
+    size_t half_window = s->cfg->prefetch ? (size_t)s->cfg->prefetch / 2 : SIZE_MAX;
+    if (stopping || r->acked >= half_window || now - s->head_acks_since_ms >= ACKS_GATHER_MS) {
+        s->head_acks_since_ms = s->head_acks_due_ms = 0;
+        return true;
+    }
+    s->head_acks_due_ms = s->head_acks_since_ms + ACKS_GATHER_MS;
+    return false;
+}
+
 /* The settled tags at the head of the ring, one command per run: basic.ack(multiple) for acked
  * ones, basic.nack(multiple, requeue) for released ones (tags sent on their own join either run:
  * the broker skips what is settled). Then single acks for acked tags behind an unsettled one,
@@ -803,6 +834,8 @@ static bool send_acks_behind_now(broker_session *s, bool stopping)
 static void flush_acks(broker_session *s, bool stopping)
 {
     tag_ring *r = &s->tags;
+    if (!head_settlements_due(s, stopping))
+        return; /* what is behind the head is decided when the head goes */
     while (r->count && tag_at(r, 0)->state != TAG_OPEN && s->conn) {
         tag_state run = TAG_GONE;
         uint64_t last = 0;
@@ -1044,8 +1077,11 @@ static void wait_for_work(broker_session *s, int timeout_ms)
 {
     struct pollfd fds[2] = {{.fd = s->wake_fd, .events = POLLIN}};
     nfds_t n = 1;
-    if (s->acks_behind_due_ms) {
-        int64_t left = s->acks_behind_due_ms - monotonic_ms();
+    int64_t dues[] = {s->acks_behind_due_ms, s->head_acks_due_ms};
+    for (size_t i = 0; i < sizeof dues / sizeof dues[0]; i++) {
+        if (!dues[i])
+            continue;
+        int64_t left = dues[i] - monotonic_ms();
         if (left < timeout_ms)
             timeout_ms = left > 0 ? (int)left : 0;
     }
