@@ -771,26 +771,16 @@ double bench_db_run(const db_dsn *dsn, const bench_workload *w, bench_shape shap
     return bench_db_run_reset(dsn, w, shape, workers, batch, NULL, NULL);
 }
 
-static double run_checked(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
-                          int workers, int batch, const bench_db_follow *follow);
-
 double bench_db_run_reset(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
                           int workers, int batch, void (*at_start)(void *), void *arg)
 {
     if (at_start)
         at_start(arg);
-    return run_checked(dsn, w, shape, workers, batch, NULL);
+    return bench_db_run_following(dsn, w, shape, workers, batch, NULL);
 }
 
 double bench_db_run_following(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
                               int workers, int batch, const bench_db_follow *follow)
-{
-    return run_checked(dsn, w, shape, workers, batch, follow);
-}
-
-/* The workers' run and its check (bench_db_run_reset's contract). */
-static double run_checked(const db_dsn *dsn, const bench_workload *w, bench_shape shape,
-                          int workers, int batch, const bench_db_follow *follow)
 {
     if (batch < 1 || batch > MAX_BATCH || workers < 1 || workers > 64)
         die("bench_db_run", "batch 1..1024, workers 1..64");
