@@ -33,6 +33,8 @@
 #include "store/session.h"
 #include "store/transaction.h"
 
+#define WAITING_FOR_PROBE " (waiting for the probe)"
+
 typedef struct store_worker {
     store_pool *pool;
     uv_thread_t thread;
@@ -57,8 +59,12 @@ struct store_pool {
     store_job *done_head, *done_tail;     /* guarded by lock */
     bool stopping;                        /* guarded by lock */
     /* Set when a worker finds the database unreachable, cleared by a successful connect. While
-     * set, APPLY jobs fail fast instead of each waiting for a connect timeout. */
-    atomic_bool database_down;
+     * set, APPLY jobs fail fast instead of each waiting for a connect timeout, and carry the
+     * error that set it: a job failed fast may reach the loop before the one that failed, and the
+     * loop tells a schema or TLS error from an outage by that error. Guarded by lock. */
+    bool database_down;
+    unsigned int down_errno;
+    char down_error[STORE_ERROR_MAX - sizeof WAITING_FOR_PROBE + 1];
     size_t pending;                       /* loop thread only */
     unsigned batch_max;
     uint64_t linger_ns;
@@ -76,14 +82,43 @@ static uint64_t now_ns(void)
     return uv_hrtime();
 }
 
+static void mark_database_up(store_pool *pool)
+{
+    uv_mutex_lock(&pool->lock);
+    pool->database_down = false;
+    uv_mutex_unlock(&pool->lock);
+}
+
+static void mark_database_down(store_pool *pool, const store_job *cause)
+{
+    uv_mutex_lock(&pool->lock);
+    pool->database_down = true;
+    pool->down_errno = cause->mysql_errno;
+    /* Cut to leave room for WAITING_FOR_PROBE in the jobs failed fast. */
+    snprintf(pool->down_error, sizeof pool->down_error, "%.*s", (int)sizeof pool->down_error - 1,
+             cause->error[0] ? cause->error : "database unavailable");
+    uv_mutex_unlock(&pool->lock);
+}
+
+/* Fails job fast if the database is marked down, with the error that marked it. */
+static bool failed_fast(store_pool *pool, store_job *job)
+{
+    uv_mutex_lock(&pool->lock);
+    bool down = pool->database_down;
+    if (down) {
+        job->mysql_errno = pool->down_errno;
+        snprintf(job->error, sizeof job->error, "%s" WAITING_FOR_PROBE, pool->down_error);
+    }
+    uv_mutex_unlock(&pool->lock);
+    return down;
+}
+
 static bool worker_connect(store_worker *w, store_job *job)
 {
     if (w->session.db)
         return true;
-    if (job->kind == STORE_JOB_APPLY && atomic_load(&w->pool->database_down)) {
-        snprintf(job->error, sizeof job->error, "database unavailable (waiting for the probe)");
+    if (job->kind == STORE_JOB_APPLY && failed_fast(w->pool, job))
         return false;
-    }
     unsigned error_number;
     if (store_session_connect(&w->session, &w->pool->dsn, &error_number, job->error,
                               sizeof job->error) != 0) {
@@ -93,7 +128,7 @@ static bool worker_connect(store_worker *w, store_job *job)
             job->mysql_errno = error_number;
         return false;
     }
-    atomic_store(&w->pool->database_down, false);
+    mark_database_up(w->pool);
     return true;
 }
 
@@ -106,7 +141,7 @@ static apply_status check_database(store_worker *w, store_job *job)
         status = store_session_check_statements(&w->session, job);
     if (status != APPLY_OK)
         return status;
-    atomic_store(&w->pool->database_down, false);
+    mark_database_up(w->pool);
     return APPLY_COMMITTED;
 }
 
@@ -120,6 +155,24 @@ static void maybe_kill_after_commit(store_pool *pool, store_job **jobs, size_t n
         committed |= jobs[i]->status == APPLY_COMMITTED || jobs[i]->status == APPLY_STATE_NOOP;
     if (committed && atomic_fetch_sub(&pool->commits_until_kill, 1) == 1)
         raise(SIGKILL);
+}
+
+/* The first job that found the database unavailable; the jobs of its batch after it that were
+ * not run take its error. */
+static const store_job *unavailable_cause(store_job **jobs, size_t n)
+{
+    const store_job *cause = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (jobs[i]->status != APPLY_UNAVAILABLE)
+            continue;
+        if (!cause) {
+            cause = jobs[i];
+        } else if (!jobs[i]->error[0]) {
+            jobs[i]->mysql_errno = cause->mysql_errno;
+            memcpy(jobs[i]->error, cause->error, sizeof jobs[i]->error);
+        }
+    }
+    return cause ? cause : jobs[0];
 }
 
 /* Runs the n jobs in w->batch: one PING or PROBE, or APPLY jobs of one consumer. */
@@ -156,7 +209,7 @@ static void run_jobs(store_worker *w, size_t n)
     }
     if (unavailable) {
         store_session_disconnect(&w->session);
-        atomic_store(&w->pool->database_down, true);
+        mark_database_down(w->pool, unavailable_cause(jobs, n));
     }
     /* Every job of a batch waited for the same COMMIT: each reports the batch's duration. */
     uint64_t duration = now_ns() - started;
