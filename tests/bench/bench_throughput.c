@@ -289,11 +289,15 @@ static void start_broker_load(void *arg)
 
 /* The broker alone with acks as idemq sends them (multiple, every `batch` deliveries): the
  * bound for a flood whose copies never reach the database. */
+static cpu_use cpu_broker_batched; /* the last run_broker_batched_acks */
+
 static double run_broker_batched_acks(void)
 {
     preload(QUEUE_RAW);
     broker_load load = {.conn = amqp_open(0, (unsigned)prefetch)};
+    cpu_use before = cpu_now(getpid());
     broker_load_main(&load);
+    cpu_broker_batched = cpu_since(before, getpid());
     amqp_queue_delete(load.conn, BROKER_CHANNEL, amqp_cstring_bytes(QUEUE_RAW), 0, 0);
     amqp_get_rpc_reply(load.conn);
     broker_close(load.conn);
@@ -1102,15 +1106,19 @@ static int run_flood(void)
            server_name, sysconf(_SC_NPROCESSORS_ONLN));
     fflush(stdout);
     double broker[50], broker_batched[50], all_distinct[50], stormed[50], resent[50];
+    cpu_use cpu_distinct = {0}, cpu_storm = {0}, cpu_resend = {0}; /* the last run of each */
     for (int r = 0; r < runs; r++) {
         workload = distinct;
         broker[r] = run_broker_baseline();
         broker_batched[r] = run_broker_batched_acks();
         all_distinct[r] = run_idemq(batch, false).rate;
+        cpu_distinct = cpu_batched;
         workload = storm;
         stormed[r] = run_idemq(batch, false).rate;
+        cpu_storm = cpu_batched;
         workload = resend;
         resent[r] = run_idemq(batch, false).rate;
+        cpu_resend = cpu_batched;
     }
     double b = median(broker, runs), bb = median(broker_batched, runs),
            d = median(all_distinct, runs), st = median(stormed, runs), re = median(resent, runs);
@@ -1126,6 +1134,17 @@ static int run_flood(void)
     printf("idemq    mysql.batch %-4d, %2d%% duplicates, resend  %s%7.0f msg/s   = %.2f × all "
            "distinct, %.2f × raw broker, %.2f × its bound (copies over the whole stream)\n",
            batch, flood_percent, m, re, re / d, re / b, re / bb);
+    if (broker_pid && db_pid) {
+        /* Where a flood's time goes: what a copy costs each process, beside the bound's. */
+        printf(
+            "cpu      per message, last run (user + system CPU of each process while it ran):\n");
+        char what[64];
+        snprintf(what, sizeof what, "broker, ack every %d:", batch);
+        print_cpu(what, "bench", cpu_broker_batched);
+        print_cpu("all distinct:", "idemq", cpu_distinct);
+        print_cpu("storm:", "idemq", cpu_storm);
+        print_cpu("resend:", "idemq", cpu_resend);
+    }
     workload = distinct;
     bench_workload_free(&storm);
     bench_workload_free(&resend);
