@@ -287,10 +287,10 @@ static void start_broker_load(void *arg)
     uv_thread_create(&l->thread, broker_load_main, l);
 }
 
-/* The broker alone with acks as idemq sends them (multiple, every `batch` deliveries): the
- * bound for a flood whose copies never reach the database. */
 static cpu_use cpu_broker_batched; /* the last run_broker_batched_acks */
 
+/* The broker alone with acks as idemq sends them (multiple, every `batch` deliveries): the
+ * bound for a flood whose copies never reach the database. */
 static double run_broker_batched_acks(void)
 {
     preload(QUEUE_RAW);
